@@ -46,10 +46,11 @@ def _captured():
     """The planner's slice forms and the stages it times them with, per degree: ``stages[g]``
     maps ``(form, tiling)`` (the form's index in ``forms[g]``; ``""`` the mapper's tiles, ``"r"``
     the MAC-high row tiles of :func:`board_tp._mac_high`) to ``(on chip, streamed, reduce_s,
-    (gains, buffer))``."""
-    seen = {"g": None, "forms": {}, "stages": {}, "records": {}}
+    (gains, buffer), shed)`` (``shed``: what each piece sheds onto the all-reduces' delivery,
+    :func:`board_tp.norms_on_delivery`, or None)."""
+    seen = {"g": None, "forms": {}, "stages": {}, "records": {}, "shed": None}
     block, forms, gains, recs = board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains, board_tp.records
-    mac_high = board_tp._mac_high
+    mac_high, shed = board_tp._mac_high, board_tp._shed
     inside = []  # non-empty while _mac_high times a slice
 
     def records(*args, **kwargs):
@@ -69,8 +70,15 @@ def _captured():
 
     def ahead_gains(on_chip, streamed, reduce_s, *args, **kwargs):
         out = gains(on_chip, streamed, reduce_s, *args, **kwargs)
-        _record_stage(seen["stages"].setdefault(seen["g"], {}), "r" if inside else "", (on_chip, streamed, reduce_s, out))
+        _record_stage(seen["stages"].setdefault(seen["g"], {}), "r" if inside else "",
+                      (on_chip, streamed, reduce_s, out, seen["shed"]))
         return out
+
+    def shed_of(stage, saved):
+        # the seconds each piece sheds onto the all-reduces' delivery (the last call before the
+        # stage's ahead_gains: the form's)
+        seen["shed"] = saved
+        return shed(stage, saved)
 
     def mac_high_tiles(*args, **kwargs):
         inside.append(True)
@@ -80,12 +88,12 @@ def _captured():
             inside.pop()
 
     board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = slice_block, slice_forms, ahead_gains
-    board_tp.records, board_tp._mac_high = records, mac_high_tiles
+    board_tp.records, board_tp._mac_high, board_tp._shed = records, mac_high_tiles, shed_of
     try:
         yield seen
     finally:
         board_tp.slice_block, board_tp.slice_forms, board_tp._ahead_gains = block, forms, gains
-        board_tp.records, board_tp._mac_high = recs, mac_high
+        board_tp.records, board_tp._mac_high, board_tp._shed = recs, mac_high, shed
 
 
 def _record_stage(stages: dict, tiling: str, stage) -> None:
@@ -167,7 +175,7 @@ def _path(target, result, seen, key, g, decode_s, used) -> None:
     tag = key.split("m", 1)[1].lstrip("0123456789")
     form, tiling = _form_of(key, len(seen["forms"][g]))
     pieces, ends = seen["forms"][g][form][:2]
-    on_chip, streamed, reduce_s, (gains, buffer) = seen["stages"][g][(form, tiling)]
+    on_chip, streamed, reduce_s, (gains, buffer), shed = seen["stages"][g][(form, tiling)]
     print(f"{target}: {1 / decode_s:.2f} tokens/s ({decode_s * 1e3:.2f} ms), "
           f"kept {key}: a group of {g} boards, {used} used")
     if ends is None:
@@ -196,6 +204,9 @@ def _path(target, result, seen, key, g, decode_s, used) -> None:
                 for c in t.collectives if c.layer >= len(piece.layers)]
         if tail:
             print(f"    after its last layer: {'; '.join(tail)}")
+        if shed and shed[k] > 0:
+            print(f"    its {piece.layers[0].kind}'s sums of squares and their chain run on the all-reduce's delivery: "
+                  f"{shed[k] * 1e6:.2f} us off the piece (the all-reduce's charge takes the last part's)")
         chain.append((f"piece {k}", charged))
         total += charged
         if ends[k]:

@@ -37,7 +37,10 @@ whole, so its PEs add each part of the reduced row as it arrives, a job a part, 
 layer of their own after the last part (its wake-up, set-up and barrier); the all-reduce is
 then played out part by part with the add behind it
 (:func:`tvm_spinn.timing.collectives.streamed_all_reduce`), and the faster of the cut slice and
-this one is kept. Where the slice could not be
+this one is kept. An ``rms_norm`` that starts the piece after such an add may run its sums of
+squares and their chain on the delivery too (:func:`norms_on_delivery`: each part's chunks
+of the norm added, summed and chained as the part arrives), where the pieces shed more than
+the deliveries then take. Where the slice could not be
 cut, the all-reduce ends in the projection's layout and the slice gathers the row itself. The
 slice is also timed as described (:func:`slice_forms`), its programs uncut, and each degree keeps
 the faster: a piece as mapped reads its weights from DRAM only while it runs, while an uncut
@@ -116,7 +119,8 @@ __all__ = ["TP_BOARDS", "slice_config", "slice_shares", "slice_block", "slice_we
            "block_all_reduces", "board_groups",
            "board_patches", "board_compact", "relay_bands", "RELAY_LINES", "group_layouts", "board_setting",
            "group_caches", "GroupCaches",
-           "slice_pieces", "slice_forms", "fused_gathers", "fused_adds", "fused_add_s", "slice_collectives",
+           "slice_pieces", "slice_forms", "fused_gathers", "fused_adds", "fused_add_s", "norms_on_delivery",
+           "slice_collectives",
            "pipeline_rest", "records"]
 
 #: Boards one block is tensor-parallel over (each must divide the heads and the intermediate
@@ -750,7 +754,7 @@ def _on_chip(resident, pieces, ends, row_bytes: int, chips: int, scatter_s: floa
 
 
 def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit: int, block_w: int, budget: float,
-              cpb: int, hidden: int, scatter_s: float, handoffs, reduce_s: float, reduces: int) -> list:
+              cpb: int, hidden: int, scatter_s: float, handoffs, reduce_s: float, reduces: int, shed=None) -> list:
     """The streamed block of a slice mapped with MAC-high row tiles
     (``MappingOptions(row_tiles=False)``), timed as :func:`records` times the mapper's: its
     pieces streaming their weights, each as it runs with them fetched ahead (:func:`_on_chip`,
@@ -758,7 +762,8 @@ def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit
     ``mapped``: the slice mapped resident (the resident blocks keep the mapper's tiles); the
     other arguments as :func:`records` has them for the slice's form (``ends``, ``handoffs``:
     :func:`slice_pieces`, :func:`handoff_gathers`; ``fit``: blocks kept resident without a
-    buffer). Returns ``[(block variants, resident, streamed, on chip, "r")]``
+    buffer; ``shed``: what each piece sheds onto the all-reduces' delivery,
+    :func:`norms_on_delivery`). Returns ``[(block variants, resident, streamed, on chip, "r")]``
     (:func:`_block_variants`), or ``[]`` where fetching ahead saves nothing with these tiles.
 
     The mapper ranks each piece's tilings and shard plans alone. A piece's register-block row
@@ -783,6 +788,7 @@ def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit
         resident = _at_most(resident, streamed)
         on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if ends is not None else 0.0, map_alone,
                            streamed, handoffs)
+        resident, streamed, on_chip = (_shed(st, shed) for st in (resident, streamed, on_chip))
     gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces, ends,
                                  max(0.0, budget - resident.resident_bytes) / cpb)
     saved = float(sum(gains))
@@ -1016,6 +1022,70 @@ def fused_add_s(piece, layer, board, chunks: int = FUSED_CHUNKS) -> float:
     cycles = (chunks * (fam.fixed_cycles(layer, board) + board.irq_entry_cycles)
               + math.ceil(elements / board.pes_per_chip) * fam.cycles_per_element(layer, board))
     return float(cycles) / board.clock_hz
+
+
+def norms_on_delivery(pieces, ends, adds, mapped, board, chunks: int = FUSED_CHUNKS) -> "tuple[tuple, float] | None":
+    """The first half of each ``rms_norm`` that starts a piece after an all-reduce, run on the
+    all-reduce's delivery with its residual add (:func:`fused_adds`, ``adds`` the add layers
+    taken out): ``(seconds each piece sheds, seconds a chip's PEs spend on one all-reduce's
+    delivery)``, the second the most of any such norm's; None where no piece starts so.
+
+    The norm's row (one row: a decode step at batch 1) is split over PEs in chunks of whole
+    blocks (:meth:`tvm_spinn.program.ops.rows.Rows.choose_tile`; the tiles of its mapping
+    ``mapped``, the slice mapped with its weights resident, whose ``program_layers`` give each
+    piece's tiles): each chunk's PE sums its blocks' squares, then the block sums travel along
+    the chunks in the row's order (the chain), and the last chunk sends ``1 / sqrt`` back for
+    the second pass. The all-reduce delivers the row in ``chunks`` consecutive parts, each
+    holding whole chunks of the norm (the norm's chunks must divide among the parts). Each
+    chunk's PE adds its own columns of the part to the residual as the part arrives (the add's
+    job of :func:`fused_add_s` on the norm's tiles instead of an equal share of the row over all
+    the PEs), sums their squares block by block, and passes the chain on once the chunk before
+    it has: the chain adds the same block sums in the row's order, so the bits are the norm's.
+    Per part, a chip's PEs spend the add of a chunk's columns (its job, interrupt entry and
+    elements), a chunk's first pass (:func:`tvm_spinn.program.ops.rows.split_norm_sums`) and
+    the chain through the part's chunks (its share of the chain and the hop into the part);
+    the piece sheds the first pass and the whole chain, which
+    :func:`tvm_spinn.timing.collectives.streamed_all_reduce` charges to the delivery instead
+    (each part's work in order, after the part arrives and the part before it is done: the
+    last part's work follows the all-reduce's end).
+    """
+    from ..program.ops import family_of
+    from ..program.ops.rows import split_norm_sums
+
+    if ends is None or not adds or len(pieces) != len(ends) or len(mapped.program_layers) != len(pieces):
+        return None
+    saved, consume = [0.0] * len(pieces), 0.0
+    for k, piece in enumerate(pieces):
+        layers = mapped.program_layers[k]
+        first = piece.layers[0] if piece.layers else None
+        if not ends[k - 1] or first is None or first.kind != "rms_norm" or first.inputs[0] not in piece.inputs \
+                or not layers:
+            continue
+        shape = tuple(int(d) for d in piece.tensors[first.inputs[0]].shape)
+        row, tiles = shape[-1], int(layers[0].tiles)
+        if int(np.prod(shape[:-1], dtype=np.int64)) != 1 or tiles < 2 * chunks or tiles % chunks or row % tiles:
+            continue
+        cols = row // tiles
+        first_pass, chain, hop = split_norm_sums(first, row, cols, board)
+        add_part = max(family_of(a.kind).fixed_cycles(a, board) + board.irq_entry_cycles
+                       + cols * family_of(a.kind).cycles_per_element(a, board) for a in adds)
+        saved[k] = (first_pass + chain) / board.clock_hz
+        consume = max(consume, chunks * (add_part + first_pass + chain / chunks + hop) / board.clock_hz)
+    if not any(saved):
+        return None
+    return tuple(saved), consume
+
+
+def _shed(stage, saved):
+    """``stage`` with piece ``k`` ``saved[k]`` seconds the shorter (work moved onto an
+    all-reduce's delivery, :func:`norms_on_delivery`: its bounds unchanged, the work still
+    done); ``stage`` itself where nothing is saved or the stage is not timed per piece."""
+    import dataclasses
+
+    if saved is None or not any(saved) or len(stage.program_s) != len(saved):
+        return stage
+    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved),
+                               program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
 
 
 @dataclass(frozen=True)
@@ -1434,13 +1504,23 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                                       for st in (resident, streamed))
             resident = _at_most(resident, streamed)
             reduce_s = reduce_of(groups, fused)  # the partial sums, ``reduce`` on the wire
+            shed = None
             if taken:  # each with the residual add after it on its delivery
-                reduce_s = delivered_of(groups, max(fused_add_s(p, layer, board) for p, layer in taken[0]))
+                consume = max(fused_add_s(p, layer, board) for p, layer in taken[0])
+                reduce_s = delivered_of(groups, consume)
+                # and the rms_norm after the add: its sums of squares and their chain too, where
+                # the pieces shed more than the all-reduces' deliveries then take longer
+                norms = norms_on_delivery(pieces, ends, [layer for _, layer in taken[0]], mapped, board)
+                if norms is not None:
+                    with_norms = delivered_of(groups, max(consume, norms[1]))
+                    if reduces_per_block * (with_norms - reduce_s) < sum(norms[0]):
+                        shed, reduce_s = norms[0], with_norms
             # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
                                lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo,
                                                           keep_outputs=True), streamed, handoffs)
+            resident, streamed, on_chip = (_shed(st, shed) for st in (resident, streamed, on_chip))
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
             gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
@@ -1460,7 +1540,7 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
             # take are those of GEMMs below the MAC array's rows, no bands)
             if streams and any(has_row_tiles(p, board) for p in pieces):
                 tilings += _mac_high(P, mapped, pieces, ends, board, host_shapes, spec.cache_slots(seq), memo, fit_alone,
-                                     block_w, budget, cpb, hidden, scatter_s, handoffs, reduce_s, reduces_per_block)
+                                     block_w, budget, cpb, hidden, scatter_s, handoffs, reduce_s, reduces_per_block, shed)
             for per_group, (fit, saved_s, buffer_b, unburnt_j, tag), resident, streamed, on_chip, tiling in (
                     (n, v, *t[1:]) for t in tilings for n in options for v in t[0]):
                 n_groups = math.ceil(L / per_group)

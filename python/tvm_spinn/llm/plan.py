@@ -835,6 +835,9 @@ class _Stage:
     #: timed (``{(tp, dp, sp): seconds}``, the fastest where several differ in their row rule)
     program_plans: tuple = ()
     program_candidates: tuple = ()
+    #: each program's layers as one chip runs them (its
+    #: :class:`~tvm_spinn.program.records.LayerTimingSummary` records: tiles, PEs, cycles), in order
+    program_layers: tuple = ()
 
 
 #: The key of a stage memo (:func:`_map_stage`) that holds the programs' mappings, beside the stages
@@ -926,6 +929,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
     plan = plan_system(programs, board, options, onchip_inputs=[a + b for a, b in zip(onchip, kept)], policy="in_order",
                        memo=mappings)
     program_s, program_streamed, program_timings, program_plans, program_candidates = [], [], [], [], []
+    program_layers = []
     for k, (program, region) in enumerate(zip(plan.programs, plan.regions)):
         before = lat
         handed = onchip[k] if k == 0 else []
@@ -941,6 +945,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
         streamed += int(st.streamed_bytes_per_chip)
         program_streamed.append(int(st.streamed_bytes_per_chip))
         program_timings.append(st)
+        program_layers.append(tuple(t.layers))
         system = program.mapping.system if program.mapping is not None else None
         if system is not None:
             program_plans.append((system.tp, system.dp, system.sp))
@@ -968,7 +973,7 @@ def _map_stage_now(pieces: list, board, host_shapes: set, slots: int, options, k
     return _Stage(lat, energy, wbytes, resident, streamed, peak, handoff, bounds, alone, gather, kv, kv_sram,
                   tuple(program_s), tuple(program_streamed), tuple(program_timings),
                   *((tuple(program_plans), tuple(program_candidates)) if len(program_plans) == len(program_s)
-                    else ((), ())))
+                    else ((), ())), tuple(program_layers))
 
 
 def _pipeline(described: dict, spec: ModelSpec, arch, batch: int, seq: int, host_shapes: set, steps,

@@ -92,7 +92,7 @@ from .sharding import REPLICATE, GatherInput, RowAllReduce, ShardDecision, Shard
 if TYPE_CHECKING:
     from ...target.arch import SpinnArch
 
-__all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "blocked_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
+__all__ = ["Rows", "RowLoop", "RowPhase", "stepped_cycles", "blocked_cycles", "ROW_CODE", "ROW_RUN", "ROW_COLUMN_UNROLL", "row_tile_cycles", "LAYER_NORM_BLOCK", "BLOCKED", "smallest_row_tile_bytes", "split_norm_sums", "softmax_tflite", "mean_tflite", "softmax_tflite_params",
            "TFLITE_MEAN_CODE", "TFLITE_MEAN_ELEMENT", "tflite_mean_tile_cycles",
            "TfliteSoftmaxPhase", "TFLITE_SOFTMAX_CODE", "softmax_tflite_expected", "tflite_softmax_tile_cycles",
            "mean_tflite_params"]
@@ -504,6 +504,30 @@ ROW_CODE = {
 _SERIAL = Mix(loads=1.0, fpu=1.0)
 #: a term of a split row's chain that does not wait in an FPU register: loaded and added in a loop
 _CHAIN_STEP = Mix(loads=1.0, fpu=1.0)
+
+
+def split_norm_sums(layer: Layer, row: int, cols: int, arch: "SpinnArch") -> tuple[float, float, float]:
+    """The sum-of-squares half of an ``rms_norm`` row split over PEs in chunks of ``cols``
+    columns (one row, fp32), as :meth:`Rows.tile_costs` prices it: ``(first pass, chain, hop)``
+    in cycles -- a middle chunk's run and first phase (:data:`ROW_RUN`, the blocked sums of
+    ``x * x``, :data:`ROW_CODE`), the chain of the row's block sums along every chunk (its
+    terms at the chain's rate and one NoC hop per chunk boundary), and one hop's cycles.
+
+    Raises
+    ------
+    ValueError
+        ``layer`` not an ``rms_norm``, or ``cols`` not in ``1 .. row - 1`` (a row not split).
+    """
+    if layer.kind != "rms_norm":
+        raise ValueError(f"split_norm_sums: layer {layer.name!r} is a {layer.kind}, not an rms_norm")
+    if not 1 <= cols < row:
+        raise ValueError(f"split_norm_sums: {cols} columns a chunk do not split a row of {row}")
+    first = mix_cycles(ROW_RUN, arch) + float(np.asarray(
+        ROW_CODE["rms_norm"][0].cycles(np.array([1]), np.array([cols]), arch, False, np.array([cols]))).reshape(-1)[0])
+    terms, held = _chain_terms(layer, row, cols)
+    step = arch.m4f_chain_cycles if held <= arch.m4f_chain_registers else pass_cycles((_CHAIN_STEP,), arch)
+    chunks = ceil_div(row, cols)
+    return first, terms * step + (chunks - 1) * arch.noc_hop_cycles, float(arch.noc_hop_cycles)
 
 
 def row_tile_cycles(kind: str, rows, cols, arch: "SpinnArch", runs: int = 1, last=True, first=0) -> np.ndarray:
