@@ -119,3 +119,19 @@ def test_the_mapper_charges_the_chain_its_mapped_pes(board):
     assert one == collective_cost(board, ranks, "all_reduce", 4096, False, 1)
     assert one.seconds > spread.seconds
     assert spread == unmapped == collective_cost(board, ranks, "all_reduce", 4096, False)
+
+
+def test_a_short_sum_is_held_by_no_more_pes_than_its_words(board):
+    """The mapper counts at most one PE a word of the chain's bytes: an 8-byte sum written from
+    64 PEs is held by two."""
+    from tvm_spinn.mapping.system import _comm, _relay_pes, issued
+
+    program = SimpleNamespace(layers=[SimpleNamespace(kind="matmul", inputs=(0, 1), output=2)])
+    plan = SimpleNamespace(tp=12, sp=1, dp=1, chips=12, collectives=[Collective(1, "all_reduce", 2, 8, False, "tp")])
+
+    lo = [[0, i] for i in range(64)]
+    hi = [[1, i + 1] for i in range(64)]
+    rows = issued(program, plan.collectives)
+    assert _relay_pes(program, plan, rows, [_table(range(64), lo, hi)]) == [2]
+    assert _relay_pes(program, plan, rows, None) == [None]
+    assert len(_comm(board, program, plan, [_table(range(64), lo, hi)])) == 1

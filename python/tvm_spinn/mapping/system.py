@@ -298,16 +298,20 @@ def output_pes(table) -> "int | None":
 def _relay_pes(program: Program, plan: ShardPlan, rows, tables) -> list:
     """Per row of :func:`issued`'s ``rows``: for a chain (a floating-point all-reduce), the PEs
     of a chip that hold its partial sums, those the layer writing its tensor writes its output
-    from (:func:`output_pes`); None for any other row, and for every row without ``tables``."""
+    from (:func:`output_pes`), at most one a word of the chain's bytes (a word is on one PE);
+    None for any other row, and for every row without ``tables``."""
+    from ..timing.collectives.chips import PACKET_PAYLOAD_BYTES
+
     out = [None] * len(rows)
     if tables is None:
         return out
     producer = {layer.output: i for i, layer in enumerate(program.layers)}
     sums = iter([c for c in plan.collectives if c.op == "all_reduce" and not c.exact])
-    for k, (_, op, _, exact, _, _) in enumerate(rows):
+    for k, (_, op, nbytes, exact, _, _) in enumerate(rows):
         if op == "all_reduce" and not exact:  # issued() keeps the all-reduces one to one, in order
             i = producer.get(next(sums).tensor)
-            out[k] = None if i is None or i >= len(tables) else output_pes(tables[i])
+            pes = None if i is None or i >= len(tables) else output_pes(tables[i])
+            out[k] = None if pes is None else min(pes, max(1, -(-int(nbytes) // PACKET_PAYLOAD_BYTES)))
     return out
 
 
