@@ -106,7 +106,7 @@ def test_the_choice_costs_the_chains_apart_at_once(board, monkeypatch):
     plan = SimpleNamespace(tp=2, sp=12, dp=1, chips=24, collectives=colls)
     assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce"]
     free = C.CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, 2, 512.0)
-    monkeypatch.setattr(S, "chains_all_reduce", lambda topo, chains, nbytes: free)
+    monkeypatch.setattr(S, "chains_all_reduce", lambda topo, chains, nbytes, relay_pes=None: free)
     board.memo.clear()
     try:
         assert [c.op for _, c, _ in S._comm(board, program, plan)] == ["all_reduce", "all_gather"]

@@ -255,34 +255,69 @@ def _hamiltonian(adj: dict, members: set, first: int, last: int, budget: int = 2
     return list(path) if extend(first) else None
 
 
-def _comm(topo, program: Program, plan: ShardPlan) -> list[tuple]:
+def _comm(topo, program: Program, plan: ShardPlan, tables=None) -> list[tuple]:
     """``(layer, CollectiveCost, ready)`` of the plan's collectives as issued (:func:`issued`),
-    on their groups."""
+    on their groups. ``tables``: the mapped shard's tiles, from which a chain's relaying PEs
+    are read (:func:`_relay_pes`); None before the shard is mapped (a plan's estimate), when
+    the links pace every chain's segments."""
     if not plan.collectives:
         return []
     groups = group_ranks(topo, plan)
     rows = issued(program, plan.collectives)
+    pes = _relay_pes(program, plan, rows, tables)
     fused = _gathered_chain(program, plan, rows)
     if fused is not None:
         # the chains' multicasts reach every chip in more steps, on busier links: the cheaper way,
         # both ways costed alike (the sp chains loading the links at once, as the fused one does)
         (layer, op, nbytes, exact, group, _), gather = rows[fused[0]], rows[fused[1]]
-        apart = (_chains_cost(topo, plan, nbytes, gathered=False).seconds
+        apart = (_chains_cost(topo, plan, nbytes, gathered=False, relay_pes=pes[fused[0]]).seconds
                  + collective_cost(topo, groups[gather[4]], gather[1], gather[2], gather[3]).seconds)
-        if _chains_cost(topo, plan, nbytes, gathered=True).seconds >= apart:
+        if _chains_cost(topo, plan, nbytes, gathered=True, relay_pes=pes[fused[0]]).seconds >= apart:
             fused = None
     if plan.sp <= 1:
-        return _group_comm(topo, plan, groups, rows, fused)
+        return _group_comm(topo, plan, groups, rows, fused, pes)
     # the sp tp groups run at once over their own segments of the cycle, which differ in shape:
     # each is costed and the slowest one's collectives are charged (the block waits on it)
     order = groups["all"]
-    tried = [_group_comm(topo, plan, {**groups, "tp": order[j * plan.tp:(j + 1) * plan.tp]}, rows, fused)
+    tried = [_group_comm(topo, plan, {**groups, "tp": order[j * plan.tp:(j + 1) * plan.tp]}, rows, fused, pes)
              for j in range(plan.sp)]
     return max(tried, key=lambda out: sum(cost.seconds for _, cost, _ in out))
 
 
-def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused) -> list[tuple]:
-    """:func:`_comm`'s collectives with ``groups["tp"]`` the tensor-parallel group costed."""
+def output_pes(table) -> "int | None":
+    """PEs that hold a layer's finished outputs on a chip (its tiles ``table``): one per distinct
+    output region, the PE of its first tile (the region's ``k`` tiles summed there); None for a
+    layer without placed tiles."""
+    if table is None or not len(table) or (np.asarray(table.pe) < 0).any():
+        return None
+    regions = np.concatenate([np.asarray(table.lo, dtype=np.int64), np.asarray(table.hi, dtype=np.int64)], axis=1)
+    _, first = np.unique(regions, axis=0, return_index=True)
+    return int(np.unique(np.asarray(table.pe, dtype=np.int64)[first]).size)
+
+
+def _relay_pes(program: Program, plan: ShardPlan, rows, tables) -> list:
+    """Per row of :func:`issued`'s ``rows``: for a chain (a floating-point all-reduce), the PEs
+    of a chip that hold its partial sums, those the layer writing its tensor writes its output
+    from (:func:`output_pes`), at most one a word of the chain's bytes (a word is on one PE);
+    None for any other row, and for every row without ``tables``."""
+    from ..timing.collectives.chips import PACKET_PAYLOAD_BYTES
+
+    out = [None] * len(rows)
+    if tables is None:
+        return out
+    producer = {layer.output: i for i, layer in enumerate(program.layers)}
+    sums = iter([c for c in plan.collectives if c.op == "all_reduce" and not c.exact])
+    for k, (_, op, nbytes, exact, _, _) in enumerate(rows):
+        if op == "all_reduce" and not exact:  # issued() keeps the all-reduces one to one, in order
+            i = producer.get(next(sums).tensor)
+            pes = None if i is None or i >= len(tables) else output_pes(tables[i])
+            out[k] = None if pes is None else min(pes, max(1, -(-int(nbytes) // PACKET_PAYLOAD_BYTES)))
+    return out
+
+
+def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused, pes) -> list[tuple]:
+    """:func:`_comm`'s collectives with ``groups["tp"]`` the tensor-parallel group costed
+    (``pes``: each row's relaying PEs, :func:`_relay_pes`)."""
     out = []
     chains = []  # per entry of ``out``: whether it is a chain over the tp group's ranks in order
     for k, (layer, op, nbytes, exact, group, ready) in enumerate(rows):
@@ -290,7 +325,7 @@ def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused) -> list[tuple]
             continue  # delivered by the chains' multicasts
         chains.append(op == "all_reduce" and not exact and group == "tp")
         if fused is not None and k == fused[0]:
-            out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True), None))
+            out.append((layer, _chains_cost(topo, plan, nbytes, gathered=True, relay_pes=pes[k]), None))
         elif len(groups[group]) > 1:
             after = rows[k + 1] if k + 1 < len(rows) else None
             if (op == "all_reduce" and exact and ready is None and after is not None and after[:2] == (layer, op)
@@ -299,10 +334,10 @@ def _group_comm(topo, plan: ShardPlan, groups: dict, rows, fused) -> list[tuple]
                 # an exact all-reduce the chain after it over the same chips waits for (a split
                 # row's maximum before its sum): reduced to the chain's first chip, which starts
                 # it while the result's multicast to the others runs under the chain
-                chain = collective_cost(topo, groups[group], op, after[2], False)
+                chain = collective_cost(topo, groups[group], op, after[2], False, pes[k + 1])
                 out.append((layer, chain_led_all_reduce(topo, groups[group], nbytes, chain), ready))
             else:
-                out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact), ready))
+                out.append((layer, collective_cost(topo, groups[group], op, nbytes, exact, pes[k]), ready))
         else:
             chains.pop()  # a group of one: no collective
     # a chain whose result the ranks use only in their own work before the next chain over the
@@ -343,20 +378,21 @@ def _gathered_chain(program: Program, plan: ShardPlan, rows) -> "tuple[int, int]
     return at_chain[0], at_gather[0]
 
 
-def _chains_cost(topo, plan: ShardPlan, nbytes: int, gathered: bool):
+def _chains_cost(topo, plan: ShardPlan, nbytes: int, gathered: bool, relay_pes: "int | None" = None):
     """The ``sp`` chains of ``tp`` consecutive chips of :func:`group_ranks`'s cycle at once,
     memoized on the topology like :func:`~tvm_spinn.timing.system.collective_cost`:
     ``gathered``, :func:`_gathered_chain`'s fused collective, each chain delivering ``nbytes`` to
     all of them (:func:`~tvm_spinn.timing.collectives.chain_all_reduce_gathered`); else each
     delivering to its own chips only (:func:`~tvm_spinn.timing.collectives.chains_all_reduce`),
-    the chain side of :func:`_comm`'s choice, costed as the fused side is."""
+    the chain side of :func:`_comm`'s choice, costed as the fused side is; ``relay_pes``: the
+    PEs of a chip that hold a segment's partial sums (:func:`_relay_pes`)."""
     order = group_ranks(topo, plan)["all"]
     chains = [order[j * plan.tp:(j + 1) * plan.tp] for j in range(plan.sp)]
-    key = ("chain_gathered" if gathered else "chains_apart", order.tobytes(), int(plan.tp), float(nbytes))
+    key = ("chain_gathered" if gathered else "chains_apart", order.tobytes(), int(plan.tp), float(nbytes), relay_pes)
     hit = topo.memo.get(key)
     if hit is None:
         cost = chain_all_reduce_gathered if gathered else chains_all_reduce
-        hit = topo.memo[key] = cost(topo, chains, nbytes)
+        hit = topo.memo[key] = cost(topo, chains, nbytes, relay_pes=relay_pes)
     return hit
 
 
@@ -550,7 +586,7 @@ def _system_timing(program: Program, plan: ShardPlan, shard: Program, tables, ch
                                                     onchip_tensors=tuple(sorted(set(saved.onchip_tensors) | set(gathered))))),
                      chip, tables)
     exec_cycles = [row.cycles for row in local.layers]
-    colls = _comm(topo, program, plan)
+    colls = _comm(topo, program, plan, tables)
     row_fp32 = {i for i, s in enumerate(plan.splits) if s == "row" and program.layers[i].mode != "int8"}
     # I/O through DRAM: not the inputs already on chip (nor the outputs left there), nor the
     # state (held in SRAM, or streamed above)

@@ -57,15 +57,19 @@ def _keep(memo: dict, key: tuple, cost) -> None:
     memo[key] = cost
 
 
-def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
+def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool, relay_pes: "int | None" = None):
     """Cost of one collective of a shard plan on ``topo`` (a :class:`~.collectives.CollectiveCost`).
 
-    Memoized on the topology per operation, ranks and size: a build asks for the same few
-    collectives many times and each costs a routing pass over the whole link graph (207,360
-    links on ``spinn/cloud``).
+    ``relay_pes``: for a chain (a floating-point all-reduce), the PEs of a rank that hold a
+    segment's partial sums (:func:`~.collectives.chain_all_reduce`); None where the caller has
+    no mapping (the links pace the chain's segments).
+
+    Memoized on the topology per operation, ranks, size and relaying PEs: a build asks for the
+    same few collectives many times and each costs a routing pass over the whole link graph
+    (207,360 links on ``spinn/cloud``).
     """
     ranks = np.asarray(ranks, dtype=np.int64)
-    key = ("collective", op, bool(exact), ranks.tobytes(), float(nbytes))
+    key = ("collective", op, bool(exact), ranks.tobytes(), float(nbytes), relay_pes)
     memo = topo.memo
     hit = memo.get(key)
     if hit is not None:
@@ -77,7 +81,7 @@ def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool):
     elif exact:  # integer partial sums: any order, the cheaper of ring and tree
         cost = all_reduce(topo, ranks, nbytes)
     else:
-        cost = chain_all_reduce(topo, ranks, nbytes)
+        cost = chain_all_reduce(topo, ranks, nbytes, relay_pes=relay_pes)
     _keep(memo, key, cost)
     return cost
 

@@ -276,8 +276,27 @@ def _whole_packets(segments: "tuple[int, ...]", nbytes: float) -> "tuple[int, ..
     return whole or (1,)
 
 
+def _relay_pes(name: str, relay_pes) -> "int | None":
+    """``relay_pes`` as an int >= 1, or None; a clear error for anything else."""
+    if relay_pes is None:
+        return None
+    if isinstance(relay_pes, bool) or not isinstance(relay_pes, (int, np.integer)) or relay_pes < 1:
+        raise ValueError(f"{name}: relay_pes must be None or an integer >= 1, got {relay_pes!r}")
+    return int(relay_pes)
+
+
+def _relay_period(topo: "Topology", seg: float, relay_pes: "int | None") -> float:
+    """Seconds a chip's PEs take to relay one segment of ``seg`` bytes, its words spread over
+    ``relay_pes`` of them (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s` a word, one
+    word a packet's payload, :data:`PACKET_PAYLOAD_BYTES`); 0 for None (words spread over
+    enough PEs that the links pace the segments)."""
+    if relay_pes is None:
+        return 0.0
+    return float(topo.relay_word_s) * (float(seg) / PACKET_PAYLOAD_BYTES) / relay_pes
+
+
 def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
-                 period: float) -> "tuple[float, float]":
+                 period: float, relay_period: float = 0.0) -> "tuple[float, float]":
     """``(seconds, first segment's chain hop)`` of a chain's ``m`` segments through its ``chain``
     hops and then its multicast tree's ``tree``.
 
@@ -286,16 +305,19 @@ def _pipelined_s(topo: "Topology", chain: int, tree: int, m: int, step: float,
     word with its term added (:attr:`~tvm_spinn.target.topology.Topology.relay_word_s`; the
     tree's hops are router copies). Each later segment leaves ``period`` after the one before
     it: the busiest link's time for the bytes a link carries a segment, the chain's hop and the
-    trees' copies summed (a link on both carries a segment of each in a period). A hop's latency is the router's pipeline and the link's
-    SERDES, which packets cross one behind the other, so it is paid once a hop of the path, not
-    once a segment; a rank's words go to its PEs by their routing keys, so its relays keep up
-    with the link."""
+    trees' copies summed (a link on both carries a segment of each in a period), or the rank's
+    PEs' time to relay a segment's words (``relay_period``, :func:`_relay_period`) where that is
+    longer: a rank's words go to the PEs that hold their partial sums by their routing keys, so
+    its relays keep up with the link only while a segment's words are spread over enough PEs. A
+    hop's latency is the router's pipeline and the link's SERDES, which packets cross one behind
+    the other, so it is paid once a hop of the path, not once a segment."""
     relay = float(topo.relay_word_s)
-    return chain * (step + relay) + tree * step + (m - 1) * period, step + relay
+    return chain * (step + relay) + tree * step + (m - 1) * max(period, relay_period), step + relay
 
 
 def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
-                     segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+                     segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+                     relay_pes: "int | None" = None) -> CollectiveCost:
     """Cost of an all-reduce that continues one accumulator from rank to rank (bit-exact).
 
     Rank ``i`` adds its partial sums into what rank ``i - 1`` sends and passes the result on, so
@@ -321,6 +343,11 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
         Bytes of each rank's partial sums (and of the result).
     segments : sequence of int
         Segment counts to choose from.
+    relay_pes : int, optional
+        PEs of a rank that hold a segment's partial sums (the PEs the row-parallel layer before
+        the chain writes its output from): a later segment follows no faster than they relay its
+        words (:func:`_relay_period`). None (default, for a caller without a mapping): spread
+        over enough PEs that the links pace the segments.
 
     Returns
     -------
@@ -330,19 +357,22 @@ def chain_all_reduce(topo: "Topology", ranks: Sequence[int], nbytes: float,
     Raises
     ------
     ValueError
-        For no segment count or one not an integer >= 1.
+        For no segment count or one not an integer >= 1, or ``relay_pes`` not None or an
+        integer >= 1.
     """
     segments = _whole_packets(_segment_counts("chain_all_reduce", segments), nbytes)
+    relay_pes = _relay_pes("chain_all_reduce", relay_pes)
     topo, ranks = _prepare(topo, ranks, nbytes)
     c = ranks.size
     if c == 1 or nbytes == 0:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     return _cheapest_chain(topo, ranks[:-1], ranks[1:], c, nbytes, segments,
-                           _tree_choices(topo, [ranks], [ranks], ranks[:-1], ranks[1:]))
+                           _tree_choices(topo, [ranks], [ranks], ranks[:-1], ranks[1:]), relay_pes)
 
 
 def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
-                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+                      segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+                      relay_pes: "int | None" = None) -> CollectiveCost:
     """Several :func:`chain_all_reduce`\ s at once, each chain's result multicast back to its own
     ranks only, all of them loading the links together (a link on several chains or trees
     carries each of their segments): the contended counterpart of
@@ -358,6 +388,11 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
         Bytes of each rank's partial sums (one chain's result).
     segments : sequence of int
         Segment counts to choose from.
+    relay_pes : int, optional
+        PEs of a rank that hold a segment's partial sums (the PEs the row-parallel layer before
+        the chain writes its output from): a later segment follows no faster than they relay its
+        words (:func:`_relay_period`). None (default, for a caller without a mapping): spread
+        over enough PEs that the links pace the segments.
 
     Returns
     -------
@@ -367,20 +402,22 @@ def chains_all_reduce(topo: "Topology", chains: Sequence[Sequence[int]], nbytes:
     Raises
     ------
     ValueError
-        For no chains, chains of different lengths, a chip in two chains, or no segment count
-        or one not an integer >= 1.
+        For no chains, chains of different lengths, a chip in two chains, no segment count or
+        one not an integer >= 1, or ``relay_pes`` not None or an integer >= 1.
     """
     groups = _chain_groups("chains_all_reduce", chains)
     segments = _whole_packets(_segment_counts("chains_all_reduce", segments), nbytes)
+    relay_pes = _relay_pes("chains_all_reduce", relay_pes)
     if len(groups) == 1:
-        return chain_all_reduce(topo, groups[0], nbytes, segments)
+        return chain_all_reduce(topo, groups[0], nbytes, segments, relay_pes)
     topo, every = _prepare(topo, np.concatenate(groups), nbytes)
     c = groups[0].size
     if c == 1 or nbytes == 0:
         return CollectiveCost("all_reduce", "chain", 0.0, 0.0, 0, 0, 0, c, float(nbytes))
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
-    return _cheapest_chain(topo, src, dst, c, nbytes, segments, _tree_choices(topo, groups, groups, src, dst))
+    return _cheapest_chain(topo, src, dst, c, nbytes, segments, _tree_choices(topo, groups, groups, src, dst),
+                           relay_pes)
 
 
 def _chain_groups(name: str, chains) -> "list[np.ndarray]":
@@ -396,7 +433,8 @@ def _chain_groups(name: str, chains) -> "list[np.ndarray]":
 
 
 def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]], nbytes: float,
-                              segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128)) -> CollectiveCost:
+                              segments: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+                              relay_pes: "int | None" = None) -> CollectiveCost:
     """Cost of concurrent chain all-reduces (:func:`chain_all_reduce`) whose results every chip
     of all the chains receives: the all-gather of the chains' results riding on their multicasts.
 
@@ -425,6 +463,11 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
         Bytes of each rank's partial sums (one chain's result).
     segments : sequence of int
         Segment counts to choose from.
+    relay_pes : int, optional
+        PEs of a rank that hold a segment's partial sums (the PEs the row-parallel layer before
+        the chain writes its output from): a later segment follows no faster than they relay its
+        words (:func:`_relay_period`). None (default, for a caller without a mapping): spread
+        over enough PEs that the links pace the segments.
 
     Returns
     -------
@@ -434,12 +477,13 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     Raises
     ------
     ValueError
-        For no chains, chains of different lengths, a chip in two chains, or no segment count
-        or one not an integer >= 1.
+        For no chains, chains of different lengths, a chip in two chains, no segment count or
+        one not an integer >= 1, or ``relay_pes`` not None or an integer >= 1.
     """
     groups = _chain_groups("chain_all_reduce_gathered", chains)
     every = np.concatenate(groups)
     segments = _whole_packets(_segment_counts("chain_all_reduce_gathered", segments), nbytes)
+    relay_pes = _relay_pes("chain_all_reduce_gathered", relay_pes)
     topo, every = _prepare(topo, every, nbytes)
     c = groups[0].size
     if every.size == 1 or nbytes == 0:
@@ -447,7 +491,7 @@ def chain_all_reduce_gathered(topo: "Topology", chains: Sequence[Sequence[int]],
     src = np.concatenate([g[:-1] for g in groups])
     dst = np.concatenate([g[1:] for g in groups])
     return _cheapest_chain(topo, src, dst, c, nbytes, segments,
-                           _tree_choices(topo, groups, [every] * len(groups), src, dst))
+                           _tree_choices(topo, groups, [every] * len(groups), src, dst), relay_pes)
 
 
 def _tree_choices(topo: "Topology", groups, targets, src: np.ndarray,
@@ -507,11 +551,12 @@ def _build_tree_choices(topo: "Topology", groups, targets, src: np.ndarray,
 
 
 def _cheapest_chain(topo: "Topology", src: np.ndarray, dst: np.ndarray, c: int, nbytes: float, segments,
-                    trees) -> CollectiveCost:
+                    trees, relay_pes: "int | None" = None) -> CollectiveCost:
     """The cheapest cost of chains of ``c`` ranks (hops ``src -> dst``) at each segment count,
     their results multicast on each of ``trees`` (:func:`_tree_choices`), and the cheapest of
     those: the first segment crosses the ``c - 1`` chain hops and the tree's ``D``, a step each,
-    the later ones follow a period apart (:func:`_pipelined_s`). ``steps`` counts those
+    the later ones follow a period apart (:func:`_pipelined_s`; ``relay_pes``: the PEs a rank
+    relays a segment's words on, :func:`_relay_period`). ``steps`` counts those
     ``c - 1 + D`` steps and the ``m - 1`` periods; ``hops`` and ``board_hops`` are ``steps``
     times a step's longest route and its board crossings."""
     best = None
@@ -531,7 +576,7 @@ def _cheapest_chain(topo: "Topology", src: np.ndarray, dst: np.ndarray, c: int, 
             load = chain_load + tree_share * seg
             period = topo.link_seconds(load)  # a link on the chain and a tree carries both segments
             steps = m + c + depth - 2
-            seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period)
+            seconds, hop = _pipelined_s(topo, c - 1, depth, m, step, period, _relay_period(topo, seg, relay_pes))
             candidate = CollectiveCost("all_reduce", "chain", seconds, float(load.max()) * m, steps * max_hops,
                                        steps * board_hops, steps, c, float(nbytes), segments=int(m), step_s=hop)
             if pick is None or candidate.seconds < pick.seconds:
