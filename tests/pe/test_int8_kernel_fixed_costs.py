@@ -16,6 +16,7 @@ from tvm_spinn.pe.errors import IssFault
 from tvm_spinn.pe.execute import run_int8_tile
 from tvm_spinn.pe.images import role_image
 from tvm_spinn.pe.iss import PeMachine, image_symbols
+from tvm_spinn.pe.memory_map import MAC_START
 from tvm_spinn.pe.runners.gemm import INT8_PHASES, int8_dsp_consts, int8_seeded_operands, int8_tile_phases
 from tvm_spinn.program.ops.gemm.geometry import (I8_ACC_SITE, I8_ENTRY_CYCLES, I8_JOB, I8_RESTART, Int8Side,
                                                  _finish_cycles, int8_acc_cycles, int8_block_columns, mac_passes)
@@ -81,6 +82,38 @@ def test_hand_written_mac_drivers_write_every_register_and_cost_their_listing():
     assert machine.mac_calls == 1
     routine = _priced_by_routine(machine, image.elf)
     assert (routine["pe_mac_start"], routine["pe_mac_wait"]) == (24, 9)
+
+
+def test_mac_start_called_directly_writes_each_argument_to_its_register():
+    """``pe_mac_start`` called from its symbol on eight distinct arguments (r0-r3: A, B, C, M;
+    the four words below a lowered SP: N, K, LDB, LDC, as the caller stacks them): each of the
+    nine MAC registers holds its own argument (CTRL the start), the array ran once, and after
+    ``pe_mac_wait`` C holds the sums of that geometry (int64 reference), the words beside its
+    rows untouched. A swap of any two arguments' stores moves a distinct value."""
+    arch = SpinnArch()
+    image = role_image(("gemm_i8",))
+    machine = PeMachine(image.elf, image.name, 0, arch.acc_bits, arch)
+    m, n, k, ldb, ldc = 3, 5, 7, 9, 11
+    rng = np.random.default_rng(5)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, ldb)).astype(np.int8)
+    pa = machine.arena
+    pb = pa + 64
+    pc = pb + 128
+    machine.write(pa, a.tobytes())
+    machine.write(pb, b.tobytes())
+    machine.write(pc, b"\x5a" * (4 * m * ldc))
+    machine.sp0 -= 16
+    machine.write(machine.sp0, struct.pack("<4I", n, k, ldb, ldc))
+    machine.clear_counters()
+    assert machine.call("pe_mac_start", [pa, pb, pc, m])
+    assert machine.mac == {"A": pa, "B": pb, "C": pc, "M": m, "N": n, "K": k, "LDB": ldb, "LDC": ldc,
+                           "CTRL": MAC_START}
+    assert machine.mac_calls == 1
+    assert machine.call("pe_mac_wait")
+    got = np.frombuffer(machine.read(pc, 4 * m * ldc), np.int32).reshape(m, ldc)
+    np.testing.assert_array_equal(got[:, :n], a.astype(np.int64) @ b[:, :n].astype(np.int64))
+    assert got[:, n:].tobytes() == b"\x5a" * (4 * m * (ldc - n))
 
 
 @pytest.mark.parametrize("spec,shape,side", [(("gemm_i8",), (16, 32, 256, 256), Int8Side(int32_out=True)),

@@ -328,13 +328,13 @@ def _int8_tile(machine, rows, cols, k, chunk, flags, rng):
     return acc, (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
 
 
-# tolerances: the pipeline model's measured error and a margin. (16, 64, 1024, 256): -0.11%,
-# (32, 40, 600, 511): -0.27%, the M4F's share within 0.01% on both, the rest in the waits;
-# (1, 64, 2048, 511): -1.25%, the M4F's share +0.04%, the waits about 68 cycles short at each of
-# its 3 chunk boundaries (the next chunk's first start, the kernel's pe_mac_start call after the
-# chunk's last wait, runs with the array idle where the model overlaps it with the M4F's work;
+# tolerances: the pipeline model's measured error and a margin. (16, 64, 1024, 256): -0.05%,
+# (32, 40, 600, 511): -0.14%, the M4F's share within 0.02% on both, the rest in the waits;
+# (1, 64, 2048, 511): -0.85%, the M4F's share +0.04%, the array idle 46 cycles at each of its 4
+# chunk boundaries (5 chunks; the next chunk's first start, the kernel's pe_mac_start call after
+# the chunk's last wait, runs with the array idle where the model overlaps it with the M4F's work;
 # a one-row tile waits on the array at every block); (7, 10, 300, 100, with both operands' sums):
-# +0.97%, the M4F's share +0.73%, the column sums' loop executing about 7 cycles a column and
+# +0.98%, the M4F's share +0.73%, the column sums' loop executing about 7 cycles a column and
 # chunk below its per-row mix (the row sums' within 0.2%)
 @pytest.mark.parametrize("rows,cols,k,chunk,flags,tol", [(16, 64, 1024, 256, 2, 0.005), (1, 64, 2048, 511, 2, 0.02),
                                                          (32, 40, 600, 511, 0, 0.005), (7, 10, 300, 100, 14, 0.015)])

@@ -317,8 +317,9 @@ def int8_acc_cycles(rows, w, arch: "SpinnArch"):
 #: scaled by 181/184, the factor that prices the mix at the measured 272. The first block's start
 #: and the last block's wait among them are the runtime's hand-written ``pe_mac_start`` (24
 #: cycles: 4 single and 9 pipelined stores and loads, the LDM of the four stacked arguments among
-#: them, 5 integer operations and the return) and ``pe_mac_wait`` (9 cycles: the poll's load,
-#: compare and branch not taken, the address's two moves, the return).
+#: them, 4 integer operations and the return (3 cycles: a branch and one integer operation in the
+#: mix)) and ``pe_mac_wait`` (9 cycles: the poll's load (2), compare and branch not taken, the
+#: address's two moves, the return (3: a branch and one integer operation in the mix)).
 _I8_ENTRY = Mix(loads=57.0 * 181 / 184, paired=70.0 * 181 / 184, alu=69.0, branches=11.0)
 #: :data:`_I8_ENTRY`'s cycles, the calibration's measured figure
 I8_ENTRY_CYCLES = 272
