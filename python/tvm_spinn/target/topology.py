@@ -72,6 +72,10 @@ DIRECTION_NAMES = ("E", "NE", "N", "W", "SW", "S")
 BOARD_CHIPS = 48
 #: Breadth-first trees (one per source of a detoured route) a faulty graph keeps at most
 DETOUR_TREES = 512
+#: Route sets :meth:`Topology.evaluate` keeps per graph (:meth:`Topology._routed`), at most this
+#: many and this many bytes of their arrays
+ROUTES_KEPT = 4096
+ROUTE_BYTES_KEPT = 2**26
 _U = np.array([8, 4], dtype=np.int64)
 _V = np.array([4, 8], dtype=np.int64)
 _E, _NE, _N, _W, _SW, _S = range(6)
@@ -173,6 +177,30 @@ class TransferCost:
     max_hops: int
     board_hops: int
 
+
+
+class _Routes:
+    """The least recently used route sets of one graph (:meth:`Topology._routed`), bounded in
+    count and in their arrays' bytes."""
+
+    def __init__(self):
+        from collections import OrderedDict
+
+        self.entries: OrderedDict = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key):
+        found = self.entries.get(key)
+        if found is not None:
+            self.entries.move_to_end(key)
+        return found
+
+    def put(self, key, found) -> None:
+        self.entries[key] = found
+        self.bytes += sum(a.nbytes for a in found[:3]) + len(key[0]) + len(key[1])
+        while len(self.entries) > 1 and (len(self.entries) > ROUTES_KEPT or self.bytes > ROUTE_BYTES_KEPT):
+            (src, dst), old = self.entries.popitem(last=False)
+            self.bytes -= sum(a.nbytes for a in old[:3]) + len(src) + len(dst)
 
 @dataclass(frozen=True, eq=False)
 class Topology:
@@ -494,20 +522,42 @@ class Topology:
         if src.shape != dst.shape:
             raise ArchError(f"src and dst differ in length: {src.size} vs {dst.size}")
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=np.float64), src.shape)
-        transfer, links = self.route_links(src, dst)
+        transfer, links, used, latency_s, max_hops, board_hops = self._routed(src, dst)
         load = np.bincount(links, weights=nbytes[transfer], minlength=self.nodes * 6)
         if not links.size:
             return TransferCost(0.0, 0.0, 0.0, 0.0, 0, 0), load
-        latency = np.bincount(transfer, weights=self.link_hop_s[links], minlength=src.size)
-        board_hops = np.bincount(transfer, weights=self.board_link.reshape(-1)[links], minlength=src.size)
-        bandwidth_s = self.link_seconds(load, np.unique(links))
-        latency_s = float(latency.max())
+        bandwidth_s = self.link_seconds(load, used)
         cost = TransferCost(
             seconds=bandwidth_s + latency_s, bandwidth_s=bandwidth_s, latency_s=latency_s,
-            max_link_bytes=float(load.max()), max_hops=int(np.bincount(transfer).max()),
-            board_hops=int(board_hops.max()),
+            max_link_bytes=float(load.max()), max_hops=max_hops, board_hops=board_hops,
         )
         return cost, load
+
+    def _routed(self, src: np.ndarray, dst: np.ndarray) -> tuple:
+        """What :meth:`evaluate` takes from the transfers' routes alone, whatever their bytes:
+        ``(transfer, link, used links, deepest route's latency, most hops, most board hops)``.
+        Memoized on the graph per ``(src, dst)`` (the collectives of a plan route the same rank
+        sets at many sizes), at most :data:`ROUTES_KEPT` entries and :data:`ROUTE_BYTES_KEPT`
+        bytes of arrays, the least recently used dropped first."""
+        key = (src.tobytes(), dst.tobytes())
+        routes = self.memo.get(("routes",))
+        if routes is None:
+            routes = self.memo[("routes",)] = _Routes()
+        hit = routes.get(key)
+        if hit is not None:
+            return hit
+        transfer, links = self.route_links(src, dst)
+        if links.size:
+            latency = np.bincount(transfer, weights=self.link_hop_s[links], minlength=src.size)
+            board_hops = np.bincount(transfer, weights=self.board_link.reshape(-1)[links], minlength=src.size)
+            found = (transfer, links, np.unique(links), float(latency.max()), int(np.bincount(transfer).max()),
+                     int(board_hops.max()))
+        else:
+            found = (transfer, links, links, 0.0, 0, 0)
+        for array in found[:3]:
+            array.flags.writeable = False  # shared by every later call with these routes
+        routes.put(key, found)
+        return found
 
     def transfer_cost(self, src: np.ndarray, dst: np.ndarray, nbytes: "float | np.ndarray") -> TransferCost:
         """Time of a set of concurrent transfers, contention on shared links included.

@@ -40,6 +40,7 @@ from ..program import Program
 from ..program.records import CollectiveSummary, SystemTimingSummary
 from ..target.arch import SpinnArch
 from .collectives import all_gather, all_reduce, all_to_all, chain_all_reduce
+from .collectives.cost import _remember
 
 __all__ = ["compose", "collective_cost", "chain_led_all_reduce", "chain_fed_chain"]
 
@@ -49,12 +50,10 @@ _COSTS_KEPT = 4096
 
 
 def _keep(memo: dict, key: tuple, cost) -> None:
-    """``cost`` kept in a topology's memo under ``key``, the memo's collective costs dropped
-    first when it holds more than :data:`_COSTS_KEPT` entries."""
-    if len(memo) > _COSTS_KEPT:
-        for old in [k for k in memo if k[0] in ("collective", "chain_led")]:
-            del memo[old]
-    memo[key] = cost
+    """``cost`` kept in a topology's memo under ``key``, the costs of its kind (``key[0]``)
+    dropped first when they number more than :data:`_COSTS_KEPT` (each kind counted on its own:
+    :func:`~.collectives.cost._remember`)."""
+    _remember(memo, key, cost, _COSTS_KEPT)
 
 
 def collective_cost(topo, ranks, op: str, nbytes: int, exact: bool, relay_pes: "int | None" = None):

@@ -18,6 +18,10 @@ import numpy as np
 MULTICAST_MAX_RANKS = 64
 #: Multicast tree sets kept per topology (:attr:`Topology.memo`), at most this many
 _TREES_KEPT = 256
+#: Bytes of per-link arrays one kind of a topology's memo keeps at most (:func:`_remember`): a
+#: tree set holds two arrays over every directed link, 3.3 MB on ``spinn/cloud``'s 207,360
+#: links, 4.6 KB on a board's 288
+_KIND_BYTES_KEPT = 2**28
 
 
 @dataclass(frozen=True)
@@ -87,3 +91,26 @@ def _forget(memo: dict, kind: str) -> None:
     """Drop the entries of one kind from a topology's memo (bounds its size)."""
     for key in [k for k in memo if k[0] == kind]:
         del memo[key]
+    memo.get(_COUNTS, {}).pop(kind, None)
+
+
+#: The key of a memo's entry counts per kind (:func:`_remember`)
+_COUNTS = ("kept",)
+
+
+def _remember(memo: dict, key: tuple, value, limit: int, entry_bytes: int = 0) -> None:
+    """``value`` kept in a topology's memo under ``key`` (whose first item is its kind); the
+    entries of that kind are dropped first when they number more than ``limit``, or more than
+    :data:`_KIND_BYTES_KEPT` of ``entry_bytes`` each. Each kind is counted on its own: the
+    entries of other kinds (a board's thousands of collective costs) never evict it, so a
+    value asked for again is found while its kind is within its bound. The values are
+    functions of their keys: what is dropped is computed again, to the same value."""
+    counts = memo.setdefault(_COUNTS, {})
+    kind = key[0]
+    if key not in memo:
+        cap = min(limit, max(1, _KIND_BYTES_KEPT // entry_bytes)) if entry_bytes > 0 else limit
+        if counts.get(kind, 0) >= cap:
+            _forget(memo, kind)
+            counts = memo.setdefault(_COUNTS, {})
+        counts[kind] = counts.get(kind, 0) + 1
+    memo[key] = value

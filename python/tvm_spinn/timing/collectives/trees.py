@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .cost import _TREES_KEPT, _forget
+from .cost import _TREES_KEPT, _remember
 
 
 #: Greedy passes over the multicast trees, each re-choosing every rank's incoming link with the
@@ -123,9 +123,7 @@ def _multicast_trees(topo: "Topology", ranks: np.ndarray, sources: "int | None" 
                                                     topo.board_link.reshape(-1))
         result = (load, float(latency.max()), int(dist[:sources].max()), int(board.max()), rev_load,
                   float(back.max()))
-    if len(memo) > _TREES_KEPT:
-        _forget(memo, "multicast_trees")
-    memo[key] = result
+    _remember(memo, key, result, _TREES_KEPT, 2 * 8 * topo.nodes * 6)
     return result
 
 
