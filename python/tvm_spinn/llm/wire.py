@@ -35,7 +35,8 @@ cheaper taken (the bits are the same):
   whose trees are built): each share's pieces climb trees rooted at its owner over the graph of
   boards (the boards around the group relaying, the routers only forwarding), several trees a
   share weighed to spread the bytes over the board edges, and the reduced share comes back
-  down the same trees; pipelined chunk by chunk (an owner multicasts a chunk of its share once
+  down the same trees; or each piece on routes of its own and the reduced share down trees
+  weighed with them (the cheaper); pipelined chunk by chunk (an owner multicasts a chunk of its share once
   the chunk's ``g`` pieces are in and added, while the later chunks still climb), so a board
   edge carries both phases' bytes at once.
 

@@ -24,6 +24,12 @@ every directed board edge then carries its gather and its multicast bytes at onc
 busiest edge's time with both phases' bytes plus the deepest route each way, the form of
 :func:`tvm_spinn.timing.collectives.board_group_all_reduce`'s ``pipelined``).
 :func:`owner_floor` bounds what any such schedule can reach.
+
+A piece need not climb its share's multicast tree: the routers only forward it, so each
+member's piece may take routes of its own to the owner, the reduced share still coming down
+trees (:func:`_owner_routes`, which :func:`owner_trees` prices beside the trees' own schedule).
+The loads keep the form of :class:`OwnerTrees` (pieces up and copies down on each directed
+edge) and the same closed forms price them; the bits are the same on any routes.
 """
 
 from __future__ import annotations
@@ -216,7 +222,9 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     share's fraction on each) to least load the busiest directed board edge with both phases'
     bytes (``piece`` up and ``share`` down per unit of weight, over its rate); the cap whose
     :func:`owner_tree_cost` (pipelined) is the cheapest is kept (of the :data:`_OWNER_CAPS`
-    shallowest caps every share reaches). ``up`` and ``down`` of the
+    shallowest caps every share reaches), each cap's trees beside the schedule of
+    :func:`_owner_routes` under the same cap (each piece on routes of its own, the trees
+    weighed anew: never a busier edge than the trees'). ``up`` and ``down`` of the
     result are the weighted loads (in whole shares). None where the region's links do not join
     the group's boards. Memoized on the graph per size."""
     roots = list(range(g)) if owners is None else [int(o) for o in owners]
@@ -316,9 +324,9 @@ def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float,
     schedule is one of its solutions, so it is never dearer) to least load the busiest
     directed board edge with both phases' bytes; under its prices (the busy links' duals)
     each member's cheapest route to each owner within the cap (a shortest path over hop
-    layers) and each owner's cheapest tree (grown from the owner by the cheapest way to the
-    next member, within the cap) join it where they lower the busiest edge, for at most
-    :data:`_ROUTE_ROUNDS` rounds. Returns the weighted loads (pieces up, copies down, in whole
+    layers) and each owner's cheap trees (:func:`_grow_tree`, within the cap; once they find
+    nothing, the cheapest, :func:`_cheapest_tree`) join it where they lower the busiest edge,
+    for at most :data:`_ROUTE_ROUNDS` rounds. Returns the weighted loads (pieces up, copies down, in whole
     shares) with the deepest route's and tree's latencies, or None where the program fails."""
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix
@@ -425,13 +433,11 @@ def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float,
                 if cost < dual[pair[(m, s)]] - _ROUTE_GAIN and key not in routes:
                     routes[key] = None
                     added += 1
-            for reverse, skew in ((False, 0), (True, 0), (False, 1), (True, 1)):
-                skewed = down_price if not skew else {link: p + _ROUTE_TIE * ((link * 40503) % 97) for link, p in down_price.items()}
-                tree_links = _grow_tree(roots[s], g, steps, tail, head, hop, skewed, cap + tol, layers, reverse)
-                if tree_links is not None and (s, tree_links) not in trees:
-                    if sum(down_price[link] for link in tree_links) < dual[len(pairs) + s] - _ROUTE_GAIN:
-                        trees[(s, tree_links)] = None
-                        added += 1
+            tree_links = _grow_tree(roots[s], g, steps, tail, head, hop, down_price, cap + tol, layers)
+            if tree_links is not None and (s, tree_links) not in trees:
+                if sum(down_price[link] for link in tree_links) < dual[len(pairs) + s] - _ROUTE_GAIN:
+                    trees[(s, tree_links)] = None
+                    added += 1
         if not added:
             # the greedy trees found nothing cheaper: the cheapest trees within the cap, exactly
             for s in range(g):
@@ -464,7 +470,7 @@ def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float,
 
 
 def _grow_tree(root: int, g: int, steps: list, tail: dict, head: dict, hop: np.ndarray, price: dict, cap: float,
-               layers: int, reverse: bool = False) -> "tuple | None":
+               layers: int) -> "tuple | None":
     """A cheap multicast tree from local node ``root`` to the members ``0 .. g - 1`` under link
     ``price``: grown from the root by the cheapest way from the tree to a member not yet in it
     (a shortest path over hop layers, at most ``layers`` hops from the root and ``cap`` seconds
@@ -478,7 +484,7 @@ def _grow_tree(root: int, g: int, steps: list, tail: dict, head: dict, hop: np.n
         best = None
         for _ in range(layers):
             nxt: dict = {}
-            for u, (cost, lat, h, path) in sorted(layer.items(), reverse=reverse):
+            for u, (cost, lat, h, path) in sorted(layer.items()):
                 if h >= layers:
                     continue
                 for v, link in steps[u]:
@@ -488,7 +494,7 @@ def _grow_tree(root: int, g: int, steps: list, tail: dict, head: dict, hop: np.n
                     if v not in nxt or c < nxt[v][0]:
                         nxt[v] = (c, lat + float(hop[link]), h + 1, path + (link,))
             layer = nxt
-            for v, way in sorted(layer.items(), reverse=reverse):
+            for v, way in sorted(layer.items()):
                 if v in need and way[1] <= cap and (best is None or way[0] < best[0]):
                     best = way
         if best is None:
