@@ -275,3 +275,22 @@ def test_cheapest_tree_matches_enumeration_and_beats_the_greedy(boards24, seed):
     assert cost == pytest.approx(_brute_cheapest(nb, 0, 3, local, 2), rel=1e-9)
     greedy = N._grow_tree(0, 3, steps, tail, head, graph.link_hop_s, price, 2 * float(graph.link_hop_s.max()), 2)
     assert cost <= sum(price[link] for link in greedy) + 1e-12
+
+
+def test_sixteen_boards_spread_their_shares_over_the_relaying_boards(boards24):
+    """On 16 boards of 24 every board is as central as the members (three board hops from the
+    farthest), so the owners' choices include the shares spread evenly over all 24, relays
+    among them; that choice is the cheapest here (their otherwise forwarding edges add and
+    multicast), and its figure stays above its own floor."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    boards = list(range(16))
+    region = C._board_tree_options(graph, np.asarray(boards), 1.0)[0]
+    choices = owner_choices(graph, region, 16)
+    assert choices[-1] == tuple((s * 24) // 16 for s in range(16))
+    n = wire_bytes("int8", 8192)
+    grid = _grid(order, boards)
+    cost = narrow_all_reduce(topo, grid, n)
+    assert cost.schedule == "owner-trees" and set(cost.owners) - set(boards)
+    bw, lat = N.owner_floor(graph, boards, n / 16, n / 16, cost.owners)
+    assert cost.seconds >= bw + lat + C._gather_parts(topo, grid[0], n)[1] - 1e-12
