@@ -9,7 +9,8 @@ and prints, per layout, both ways the planner prices the schedule of :mod:`tvm_s
 - **direct**: the reduce-scatter as an all-to-all on the chips' routes (bytes through the
   busiest board edge, its serialisation, the longest route's board hops and latency), then
   the multicast all-gather (its figure), one after the other;
-- **owner trees** (:mod:`tvm_spinn.timing.collectives.narrow`): the busiest directed board edge
+- **owner trees** (:mod:`tvm_spinn.timing.collectives.narrow`: the pieces up their shares'
+  trees or up routes of their own, whichever is cheaper): the busiest directed board edge
   with the pieces climbing to the owners, with the reduced shares coming down, and with both
   (pipelined), the deepest member's hops each way, the board's gather riding on the arrivals
   (link time, hops), the pipelined figure and each phase alone;

@@ -192,3 +192,105 @@ def test_owner_floor_refuses_a_board_without_edges_before_dividing(boards24):
             N.owner_floor(island, [0, 1, 23], 1.0, 1.0)
         with pytest.raises(ValueError, match="not joined by board edges"):
             N.owner_floor(island, [0, 1, 4], 1.0, 1.0, [0, 1, 23])
+
+
+def test_routes_free_of_the_trees_lighten_the_sixteen_boards(boards24, monkeypatch):
+    """The Llama-2-70B int8 row over 16 boards of 24: each piece's own routes up (the
+    schedule's routes and trees of :func:`N._owner_routes`) carry the all-reduce at least 2 us
+    below the trees' own schedule (each piece up its share's multicast tree), the routes'
+    loads still conserving the flow of pieces and copies and the figure above its floor."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    grid = _grid(order, [0, 1, 2, 3, 7, 6, 5, 4, 8, 9, 10, 11, 15, 14, 13, 12])
+    n = wire_bytes("int8", 8192)
+    routed = owner_schedule(topo, grid, n)
+    monkeypatch.setattr(N, "_owner_routes", lambda *args, **kwargs: None)
+    graph.memo.clear()
+    trees = owner_schedule(topo, grid, n)
+    graph.memo.clear()
+    assert routed.seconds < trees.seconds - 2e-6
+    bw, lat = N.owner_floor(graph, grid[:, 0] // 48, n / 16, n / 16, routed.owners)
+    assert routed.seconds >= bw + lat + C._gather_parts(topo, grid[0], n)[1] - 1e-12
+
+
+def _brute_cheapest(nb, root, g, price, layers):
+    """The cheapest tree by enumeration (an independent reference): a tree of depth at most
+    ``layers`` is the union of its members' simple ways down from the root, so the cheapest
+    such union whose nodes each have one parent is the cheapest tree."""
+    import itertools
+
+    def ways(target):
+        out, stack = [], [(root, (), {root})]
+        while stack:
+            u, path, seen = stack.pop()
+            if u == target:
+                out.append(path)
+                continue
+            if len(path) == layers:
+                continue
+            for k in range(6):
+                v = int(nb[u, k])
+                if v >= 0 and v not in seen:
+                    stack.append((v, path + ((u, k),), seen | {v}))
+        return out
+
+    best = None
+    for choice in itertools.product(*[ways(m) for m in range(g) if m != root]):
+        links = set().union(*map(set, choice))
+        heads = [int(nb[u, k]) for u, k in links]
+        if len(heads) != len(set(heads)):
+            continue  # a node with two parents: not a tree
+        cost = sum(price[(u, k)] for u, k in links)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cheapest_tree_matches_enumeration_and_beats_the_greedy(boards24, seed):
+    """:func:`N._cheapest_tree` under random link prices on a group of three boards and the
+    boards around it, two hops deep: a tree (each node one parent, every member reached from
+    the root within the hops), exactly as cheap as the enumeration of every tree, and never
+    dearer than the greedy tree :func:`N._grow_tree` grows."""
+    topo, _ = boards24
+    graph = topo.board_graph()
+    members = np.array([0, 5, 10])
+    region = C._board_tree_options(graph, members, 1.0)[0]
+    nb = C._local_links(graph, region)[1]
+    rng = np.random.default_rng(seed)
+    steps = [[(int(nb[u, k]), int(region[u]) * 6 + k) for k in range(6) if nb[u, k] >= 0] for u in range(region.size)]
+    links = sorted(link for u in range(region.size) for _, link in steps[u])
+    tail = {link: u for u in range(region.size) for _, link in steps[u]}
+    head = {link: v for u in range(region.size) for v, link in steps[u]}
+    price = {link: float(p) for link, p in zip(links, rng.uniform(0.1, 1.0, len(links)))}
+    tree = N._cheapest_tree(0, 3, region.size, links, tail, head, price, 2)
+    parents = {head[link]: tail[link] for link in tree}
+    assert len(parents) == len(tree) and 0 not in parents
+    for m in (1, 2):
+        u, hops = m, 0
+        while u != 0:
+            u, hops = parents[u], hops + 1
+        assert hops <= 2
+    cost = sum(price[link] for link in tree)
+    local = {(u, k): price[int(region[u]) * 6 + k] for u in range(region.size) for k in range(6) if nb[u, k] >= 0}
+    assert cost == pytest.approx(_brute_cheapest(nb, 0, 3, local, 2), rel=1e-9)
+    greedy = N._grow_tree(0, 3, steps, tail, head, graph.link_hop_s, price, 2 * float(graph.link_hop_s.max()), 2)
+    assert cost <= sum(price[link] for link in greedy) + 1e-12
+
+
+def test_sixteen_boards_spread_their_shares_over_the_relaying_boards(boards24):
+    """On 16 boards of 24 every board is as central as the members (three board hops from the
+    farthest), so the owners' choices include the shares spread evenly over all 24, relays
+    among them; that choice is the cheapest here (their otherwise forwarding edges add and
+    multicast), and its figure stays above its own floor."""
+    topo, order = boards24
+    graph = topo.board_graph()
+    boards = list(range(16))
+    region = C._board_tree_options(graph, np.asarray(boards), 1.0)[0]
+    choices = owner_choices(graph, region, 16)
+    assert choices[-1] == tuple((s * 24) // 16 for s in range(16))
+    n = wire_bytes("int8", 8192)
+    grid = _grid(order, boards)
+    cost = narrow_all_reduce(topo, grid, n)
+    assert cost.schedule == "owner-trees" and set(cost.owners) - set(boards)
+    bw, lat = N.owner_floor(graph, boards, n / 16, n / 16, cost.owners)
+    assert cost.seconds >= bw + lat + C._gather_parts(topo, grid[0], n)[1] - 1e-12

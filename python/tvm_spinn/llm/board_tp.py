@@ -1058,7 +1058,8 @@ def norms_on_delivery(pieces, ends, adds, mapped, board, chunks: int = FUSED_CHU
     for k, piece in enumerate(pieces):
         layers = mapped.program_layers[k]
         first = piece.layers[0] if piece.layers else None
-        if not ends[k - 1] or first is None or first.kind != "rms_norm" or first.inputs[0] not in piece.inputs \
+        if not ends[k - 1] or first is None or not family_of(first.kind).sums_squares_first(first) \
+                or first.inputs[0] not in piece.inputs \
                 or not layers:
             continue
         shape = tuple(int(d) for d in piece.tensors[first.inputs[0]].shape)

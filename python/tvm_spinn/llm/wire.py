@@ -35,7 +35,8 @@ cheaper taken (the bits are the same):
   whose trees are built): each share's pieces climb trees rooted at its owner over the graph of
   boards (the boards around the group relaying, the routers only forwarding), several trees a
   share weighed to spread the bytes over the board edges, and the reduced share comes back
-  down the same trees; pipelined chunk by chunk (an owner multicasts a chunk of its share once
+  down the same trees; or each piece on routes of its own and the reduced share down trees
+  weighed with them (the cheaper); pipelined chunk by chunk (an owner multicasts a chunk of its share once
   the chunk's ``g`` pieces are in and added, while the later chunks still climb), so a board
   edge carries both phases' bytes at once.
 
@@ -219,8 +220,11 @@ def owner_choices(graph, region: np.ndarray, g: int) -> list[tuple[int, ...]]:
     boards of ``region``; local node ids of ``region``): each member its own share, and the
     shares dealt in turn, in board order, to the boards of ``region`` nearest the farthest
     member (the least eccentricity over the members, in board hops): a share's pieces then
-    climb and come back down fewer hops, its owner taking more pieces (the bits are the same:
-    an owner adds the pieces in board order wherever it is)."""
+    climb and come back down fewer hops, its owner taking more pieces; and, where there are
+    more such central boards than shares, the shares spread evenly over all of them (the
+    relaying boards around the group among them, their board edges otherwise only
+    forwarding). The bits are the same: an owner adds the pieces in board order wherever it
+    is."""
     from ..timing.collectives.trees import _breadth_first, _local_links
 
     nb = _local_links(graph, region)[1]
@@ -231,4 +235,8 @@ def owner_choices(graph, region: np.ndarray, g: int) -> list[tuple[int, ...]]:
     dealt = tuple(int(central[s % central.size]) for s in range(g))
     if dealt != choices[0]:
         choices.append(dealt)
+    if central.size > g:  # more central boards than shares: one share each, spread over all of them
+        spread = tuple(int(central[(s * central.size) // g]) for s in range(g))
+        if spread not in choices:
+            choices.append(spread)
     return choices

@@ -224,6 +224,11 @@ class OpFamily:
         (a plain ``add``: a residual add the LLM planner cuts a block's slice at)."""
         return False
 
+    def sums_squares_first(self, layer: Layer) -> bool:
+        """Whether the layer is a row kernel whose first phase sums its row's squares into a
+        chain of block sums (``rms_norm``: what an all-reduce's delivery may run ahead of it)."""
+        return False
+
     def k_splits(self, program, layer: Layer, tile) -> int:
         """Reduction chunks each tile streams through its PE (1: no reduction split)."""
         return 1

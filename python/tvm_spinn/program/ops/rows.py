@@ -778,6 +778,9 @@ class Rows(OpFamily):
 
     tile_arity = 2
 
+    def sums_squares_first(self, layer: Layer) -> bool:
+        return layer.kind == "rms_norm"
+
     kinds = ("softmax", "layer_norm", "rms_norm", "mean")
     #: ``qsoftmax_tflite`` / ``qmean_tflite``: TFLite's integer softmax and mean (the partitioner
     #: offers these patterns only to modules marked ``spinn_quant_rounding="tflite"``)

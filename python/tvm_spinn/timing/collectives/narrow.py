@@ -24,6 +24,12 @@ every directed board edge then carries its gather and its multicast bytes at onc
 busiest edge's time with both phases' bytes plus the deepest route each way, the form of
 :func:`tvm_spinn.timing.collectives.board_group_all_reduce`'s ``pipelined``).
 :func:`owner_floor` bounds what any such schedule can reach.
+
+A piece need not climb its share's multicast tree: the routers only forward it, so each
+member's piece may take routes of its own to the owner, the reduced share still coming down
+trees (:func:`_owner_routes`, which :func:`owner_trees` prices beside the trees' own schedule).
+The loads keep the form of :class:`OwnerTrees` (pieces up and copies down on each directed
+edge) and the same closed forms price them; the bits are the same on any routes.
 """
 
 from __future__ import annotations
@@ -216,7 +222,9 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
     share's fraction on each) to least load the busiest directed board edge with both phases'
     bytes (``piece`` up and ``share`` down per unit of weight, over its rate); the cap whose
     :func:`owner_tree_cost` (pipelined) is the cheapest is kept (of the :data:`_OWNER_CAPS`
-    shallowest caps every share reaches). ``up`` and ``down`` of the
+    shallowest caps every share reaches), each cap's trees beside the schedule of
+    :func:`_owner_routes` under the same cap (each piece on routes of its own, the trees
+    weighed anew: never a busier edge than the trees'). ``up`` and ``down`` of the
     result are the weighted loads (in whole shares). None where the region's links do not join
     the group's boards. Memoized on the graph per size."""
     roots = list(range(g)) if owners is None else [int(o) for o in owners]
@@ -263,13 +271,283 @@ def owner_trees(graph, region: np.ndarray, g: int, piece: float, share: float,
         used = weight > 0
         trees = OwnerTrees(weight @ up, weight @ down, float(up_s[used].max()), float(down_s[used].max()),
                            int(hops[used].max()))
-        seconds = owner_tree_cost(graph, trees, piece, share, board)
-        if best is None or seconds < best[0]:
-            best = (seconds, trees)
+        for trees in (trees, _owner_routes(graph, region, g, piece, share, roots, found, float(cap))):
+            if trees is None:
+                continue
+            seconds = owner_tree_cost(graph, trees, piece, share, board)
+            if best is None or seconds < best[0]:
+                best = (seconds, trees)
     if len(graph.memo) > _TREES_KEPT:
         _forget(graph.memo, "owner_trees")
     graph.memo[key] = best[1] if best is not None else None
     return graph.memo[key]
+
+
+#: Rounds of :func:`_owner_routes` at most: each solves the linear program over the routes and
+#: trees found so far and looks for cheaper ones under its prices (planning time)
+_ROUTE_ROUNDS = 40
+#: A route or tree :func:`_owner_routes` adds must lower its price below its share's by this
+#: much (microseconds of the busiest edge; the tie-break of :data:`_ROUTE_TIE` a link stays under it)
+_ROUTE_GAIN = 1e-9
+#: Added to every link's price (microseconds) so that among equally priced routes the one of
+#: fewer board edges is found
+_ROUTE_TIE = 1e-12
+
+
+def _tree_links(tree: dict, region: np.ndarray, member: dict, root: int, g: int) -> tuple:
+    """A tree (local node -> the global link into it from its parent, rooted at local node
+    ``root``) as ``(up routes, its links, its deepest member's latency down, hops)``: per member
+    but the root, the global links of its way up to the root."""
+    routes = {}
+    for m in range(g):
+        if m == root:
+            continue
+        path, u = [], m
+        while u != root:
+            link = tree[u]
+            path.append(int(region[u]) * 6 + (int(link % 6) + 3) % 6)
+            u = member[int(link // 6)]
+        routes[m] = tuple(path)
+    return routes, tuple(sorted(int(link) for link in tree.values()))
+
+
+def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float, roots: list, found: dict,
+                  cap: float) -> "OwnerTrees | None":
+    """The owner schedule with each piece's way up free of its share's multicast tree: every
+    member's piece of share ``s`` climbs to its owner ``roots[s]`` along routes of its own (the
+    routers only forward a piece, so any route gives the same bits), weighed over several
+    routes, and the reduced share comes down trees weighed as in :func:`owner_trees`; both
+    no deeper than ``cap`` seconds of hop latency either way.
+
+    Column generation: a linear program (scipy's HiGHS) weighs the routes and trees found so
+    far (at first the ways up and the trees of ``found`` no deeper than ``cap``: the trees' own
+    schedule is one of its solutions, so it is never dearer) to least load the busiest
+    directed board edge with both phases' bytes; under its prices (the busy links' duals)
+    each member's cheapest route to each owner within the cap (a shortest path over hop
+    layers) and each owner's cheap trees (:func:`_grow_tree`, within the cap; once they find
+    nothing, the cheapest, :func:`_cheapest_tree`) join it where they lower the busiest edge,
+    for at most :data:`_ROUTE_ROUNDS` rounds. Returns the weighted loads (pieces up, copies down, in whole
+    shares) with the deepest route's and tree's latencies, or None where the program fails."""
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix
+
+    member, nb = _local_links(graph, region)
+    size = region.size
+    hop = graph.link_hop_s
+    # the region's directed board edges: per local node, (local head, global link)
+    steps = [[(int(nb[u, k]), int(region[u]) * 6 + k) for k in range(6) if nb[u, k] >= 0] for u in range(size)]
+    links = sorted(link for u in range(size) for _, link in steps[u])
+    row = {link: i for i, link in enumerate(links)}
+    tail = {link: u for u in range(size) for _, link in steps[u]}
+    head = {link: v for u in range(size) for v, link in steps[u]}
+    into: dict = {v: [] for v in range(size)}
+    for link in links:
+        into[head[link]].append(link)
+    # microseconds of a piece and of a share on each link (the solver's tolerances are absolute)
+    up_us = {link: piece / float(graph.link_bw[link]) * 1e6 for link in links}
+    down_us = {link: share / float(graph.link_bw[link]) * 1e6 for link in links}
+    pairs = [(m, s) for s in range(g) for m in range(g) if m != roots[s]]
+    pair = {p: i for i, p in enumerate(pairs)}
+    tol = 1e-12 + 1e-9 * cap
+    routes: dict = {}  # (pair, its links up) -> None, in the order found
+    trees: dict = {}  # (share, its links) -> None
+
+    def depth(share_, tree_links):
+        """The tree's deepest member's latency from the root and board hops."""
+        down = {tail[link]: [] for link in tree_links}
+        for link in tree_links:
+            down[tail[link]].append(link)
+        lat, hops, frontier = {roots[share_]: (0.0, 0)}, 0, [roots[share_]]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for link in down.get(u, ()):
+                    v = head[link]
+                    lat[v] = (lat[u][0] + float(hop[link]), lat[u][1] + 1)
+                    nxt.append(v)
+            frontier = nxt
+        deep = [lat[m] for m in range(g) if m in lat]
+        return max(d[0] for d in deep), max(d[1] for d in deep)
+
+    for s in range(g):
+        for shape, w in sorted(found[s].items()):
+            if max(w.up_s, w.down_s) > cap + tol:
+                continue
+            ways, tree_links = _tree_links(dict(shape), region, member, roots[s], g)
+            for m, path in ways.items():
+                routes.setdefault((pair[(m, s)], path), None)
+            trees.setdefault((s, tree_links), None)
+    if not trees or len({s for s, _ in trees}) < g:
+        return None
+    layers = int(cap / float(hop[links].min()) + 1e-9)
+
+    def solve():
+        cols_r, cols_c, vals, eq_r = [], [], [], []
+        for j, (i, path) in enumerate(routes):
+            cols_r += [row[link] for link in path]
+            cols_c += [j] * len(path)
+            vals += [up_us[link] for link in path]
+            eq_r.append(i)
+        for j, (s, tree_links) in enumerate(trees, start=len(routes)):
+            cols_r += [row[link] for link in tree_links]
+            cols_c += [j] * len(tree_links)
+            vals += [down_us[link] for link in tree_links]
+            eq_r.append(len(pairs) + s)
+        n = len(routes) + len(trees)
+        busy = csr_matrix((vals + [-1.0] * len(links), (cols_r + list(range(len(links))), cols_c + [n] * len(links))),
+                          shape=(len(links), n + 1))
+        eq = csr_matrix((np.ones(n), (eq_r, np.arange(n))), shape=(len(pairs) + g, n + 1))
+        res = linprog(np.r_[np.zeros(n), 1.0], A_ub=busy, b_ub=np.zeros(len(links)), A_eq=eq,
+                      b_eq=np.ones(len(pairs) + g), bounds=[(0.0, None)] * (n + 1), method="highs")
+        return res if res.status == 0 else None
+
+    for round_ in range(_ROUTE_ROUNDS):
+        res = solve()
+        if res is None:
+            return None
+        if round_ == _ROUTE_ROUNDS - 1:
+            break
+        price = -np.asarray(res.ineqlin.marginals)
+        dual = np.asarray(res.eqlin.marginals)
+        up_price = {link: price[row[link]] * up_us[link] + _ROUTE_TIE for link in links}
+        down_price = {link: price[row[link]] * down_us[link] + _ROUTE_TIE for link in links}
+        added = 0
+        for s in range(g):
+            # every node's cheapest way to the owner in h hops, layer by layer (reversed links)
+            layer = {roots[s]: (0.0, 0.0, ())}
+            best: dict = {}
+            for _ in range(layers):
+                nxt: dict = {}
+                for v, (cost, lat, path) in layer.items():
+                    for link in into[v]:
+                        u = tail[link]
+                        c = cost + up_price[link]
+                        if u not in nxt or c < nxt[u][0]:
+                            nxt[u] = (c, lat + float(hop[link]), (link,) + path)
+                layer = nxt
+                for u, way in layer.items():
+                    if u < g and u != roots[s] and way[1] <= cap + tol and (u not in best or way[0] < best[u][0]):
+                        best[u] = way
+            for m, (cost, _, path) in sorted(best.items()):
+                key = (pair[(m, s)], path)
+                if cost < dual[pair[(m, s)]] - _ROUTE_GAIN and key not in routes:
+                    routes[key] = None
+                    added += 1
+            tree_links = _grow_tree(roots[s], g, steps, tail, head, hop, down_price, cap + tol, layers)
+            if tree_links is not None and (s, tree_links) not in trees:
+                if sum(down_price[link] for link in tree_links) < dual[len(pairs) + s] - _ROUTE_GAIN:
+                    trees[(s, tree_links)] = None
+                    added += 1
+        if not added:
+            # the greedy trees found nothing cheaper: the cheapest trees within the cap, exactly
+            for s in range(g):
+                tree_links = _cheapest_tree(roots[s], g, size, links, tail, head, down_price, layers)
+                if tree_links is None or (s, tree_links) in trees or depth(s, tree_links)[0] > cap + tol:
+                    continue
+                if sum(down_price[link] for link in tree_links) < dual[len(pairs) + s] - _ROUTE_GAIN:
+                    trees[(s, tree_links)] = None
+                    added += 1
+        if not added:
+            break
+    weight = np.maximum(res.x[:-1], 0.0)
+    weight[weight < 1e-9] = 0.0
+    commodity = np.array([i for i, _ in routes] + [len(pairs) + s for s, _ in trees])
+    weight /= np.bincount(commodity, weights=weight, minlength=len(pairs) + g)[commodity]
+    up = np.zeros(graph.nodes * 6)
+    down = np.zeros(graph.nodes * 6)
+    up_s = down_s = 0.0
+    hops = 0
+    for w, (_, path) in zip(weight[: len(routes)], routes):
+        if w > 0:
+            up[list(path)] += w
+            up_s, hops = max(up_s, float(hop[list(path)].sum())), max(hops, len(path))
+    for w, (s, tree_links) in zip(weight[len(routes):], trees):
+        if w > 0:
+            down[list(tree_links)] += w
+            lat, n = depth(s, tree_links)
+            down_s, hops = max(down_s, lat), max(hops, n)
+    return OwnerTrees(up, down, float(up_s), float(down_s), int(hops))
+
+
+def _grow_tree(root: int, g: int, steps: list, tail: dict, head: dict, hop: np.ndarray, price: dict, cap: float,
+               layers: int) -> "tuple | None":
+    """A cheap multicast tree from local node ``root`` to the members ``0 .. g - 1`` under link
+    ``price``: grown from the root by the cheapest way from the tree to a member not yet in it
+    (a shortest path over hop layers, at most ``layers`` hops from the root and ``cap`` seconds
+    of hop latency to every member), until every member is in. Its links, sorted; None where
+    some member is beyond the cap."""
+    depth = {root: (0.0, 0)}  # tree node -> (latency, hops) from the root
+    chosen = []
+    need = set(range(g)) - {root}
+    while need:
+        layer = {u: (0.0, lat, h, ()) for u, (lat, h) in depth.items()}
+        best = None
+        for _ in range(layers):
+            nxt: dict = {}
+            for u, (cost, lat, h, path) in sorted(layer.items()):
+                if h >= layers:
+                    continue
+                for v, link in steps[u]:
+                    if v in depth:
+                        continue
+                    c = cost + price[link]
+                    if v not in nxt or c < nxt[v][0]:
+                        nxt[v] = (c, lat + float(hop[link]), h + 1, path + (link,))
+            layer = nxt
+            for v, way in sorted(layer.items()):
+                if v in need and way[1] <= cap and (best is None or way[0] < best[0]):
+                    best = way
+        if best is None:
+            return None
+        lat, h = depth[tail[best[3][0]]]
+        for link in best[3]:
+            lat, h = lat + float(hop[link]), h + 1
+            depth[head[link]] = (lat, h)
+            need.discard(head[link])
+            chosen.append(link)
+    return tuple(sorted(chosen))
+
+
+def _cheapest_tree(root: int, g: int, size: int, links: list, tail: dict, head: dict, price: dict,
+                   layers: int) -> "tuple | None":
+    """The cheapest multicast tree under link ``price`` from local node ``root`` to the members
+    ``0 .. g - 1``, every node at most ``layers`` board hops from the root: a mixed-integer
+    program (scipy's HiGHS) over the links at each depth, each node entered at most once, a
+    link used at depth ``h`` only out of a node entered at depth ``h - 1`` (the root at
+    depth 0), every member entered. Its links, sorted; None where none is found."""
+    from scipy.optimize import LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    arcs = [(link, h) for h in range(layers) for link in links if head[link] != root]
+    n = len(arcs)
+    into: dict = {}
+    out: dict = {}
+    for j, (link, h) in enumerate(arcs):
+        into.setdefault((head[link], h + 1), []).append(j)
+        out.setdefault((tail[link], h), []).append(j)
+    a = lil_matrix((size + len(arcs), n))
+    low, high = [], []
+    for v in range(size):  # entered at most once; a member exactly once
+        for h in range(1, layers + 1):
+            for j in into.get((v, h), ()):
+                a[v, j] = 1.0
+        low.append(1.0 if v < g and v != root else 0.0)
+        high.append(0.0 if v == root else 1.0)
+    for j, (link, h) in enumerate(arcs):  # out of a node only at the depth it was entered at
+        a[size + j, j] = 1.0
+        if tail[link] != root or h > 0:
+            for i in into.get((tail[link], h), ()):
+                a[size + j, i] = -1.0
+            high.append(0.0)
+        else:
+            high.append(1.0)
+        low.append(-np.inf)
+    res = milp(np.array([price[link] for link, _ in arcs]), integrality=np.ones(n),
+               bounds=(np.zeros(n), np.ones(n)), constraints=LinearConstraint(a.tocsr(), low, high),
+               options={"node_limit": 200})
+    if res.x is None:
+        return None
+    return tuple(sorted(arcs[j][0] for j in np.flatnonzero(res.x > 0.5)))
 
 
 def owner_floor(graph, members, piece: float, share: float, owners=None) -> tuple[float, float]:
