@@ -1,0 +1,157 @@
+"""The timeline of a pipeline whose micro-batches pass as chunks of consecutive tokens.
+
+A micro-batch cut into ``chunks`` chunks (token-level pipelining, TeraPipe, Li et al. 2021)
+enters the stages chunk by chunk, and its passes keep the whole sequence's bits only in a fixed
+order (``docs/design/training.md``, the token chunks):
+
+- forwards in ascending chunk order (a chunk's attention reads the earlier chunks' keys);
+- input-gradient passes (B) in descending chunk order: a key's gradient sums over the later
+  chunks' queries, so a block stage's first B pass of a micro-batch, its last chunk's, waits
+  until every chunk of the micro-batch went forward through the last stage, and each later one
+  for the chunk after it. A stage that is token-wise (an LM head and loss: each token's
+  gradient reads its own token only, ``tokenwise``) runs a chunk's B right after its forward;
+- weight-gradient passes (W) in ascending chunk order, each continuing the previous chunk's
+  accumulator (the PE GEMM adds into its output, in ascending ``k``): the first, chunk 0's,
+  reads chunk 0's output gradient, which the micro-batch's last B pass produces. So every W pass
+  of a micro-batch waits for that stage's last B pass of it. Run as one GEMM over the
+  micro-batch's tokens instead (``joint_weight_s``), the W pass reduces over all of them in
+  ascending ``k``: the same additions in the same order, so the same bits, in one pass.
+
+:func:`chunk_times` simulates such a pipeline: each stage one resource that runs one pass at a
+time, a list schedule that starts, whenever a stage is free, the pass that can start earliest
+(ties: B, then F, then W, the zero-bubble priority that keeps the input gradients on the
+critical path and lets the weight gradients fill idle time); a pass's output reaches the
+neighbouring stage ``forward_hand_s[s]`` / ``backward_hand_s[s]`` after it ends (the
+collectives and the hand-over on its path). With ``chunk_order=False`` every chunk is an
+independent slot (its B right after its own forward through the last stage, its W right after
+its B): the assumption of a 1F1B slot count, against which the chunk order's cost shows.
+A schedule orders whole passes of one chunk's values: no bit moves.
+"""
+
+from __future__ import annotations
+
+from .errors import TrainingError
+
+__all__ = ["chunk_times"]
+
+
+def _times(name: str, values, stages: int) -> list:
+    values = list(values)
+    if len(values) != stages or any(not isinstance(v, (int, float)) or v < 0 for v in values):
+        raise TrainingError(f"chunk_times: {name} must be {stages} non-negative seconds (one a stage), got "
+                            f"{values!r}")
+    return [float(v) for v in values]
+
+
+def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s, forward_hand_s=None,
+                backward_hand_s=None, *, tokenwise: int = 0, joint_weight_s=None,
+                chunk_order: bool = True) -> tuple[dict, list]:
+    """Simulate one step of a chunked pipeline (module docstring).
+
+    Parameters
+    ----------
+    microbatches, chunks : int
+        Micro-batches of a replica's step and the chunks each is cut into.
+    forward_s, backward_s, weight_s : sequence of float
+        Seconds of one chunk's forward, input-gradient (B) and weight-gradient (W) pass on each
+        stage (one entry a stage, first stage first).
+    forward_hand_s, backward_hand_s : sequence of float, optional
+        Seconds from the end of stage ``s``'s forward (B) pass until stage ``s + 1`` (``s - 1``)
+        may start on its output (default 0).
+    tokenwise : int
+        How many of the last stages are token-wise (0 or 1: a head stage): there a chunk's B
+        runs after its own forward, in ascending chunk order.
+    joint_weight_s : sequence of float, optional
+        Seconds of one W pass over a whole micro-batch's tokens on each stage: the stage runs one
+        such pass a micro-batch (after its last B pass of it) instead of ``chunks`` W passes.
+    chunk_order : bool
+        Keep the chunk order (default). ``False``: every chunk an independent slot.
+
+    Returns
+    -------
+    (dict, list)
+        The end of every pass, keyed ``(kind, stage, micro-batch, chunk)`` (``kind`` ``"f"``,
+        ``"b"`` or ``"w"``; a joint W pass has chunk 0), and each stage's last end.
+    """
+    for name, v in (("microbatches", microbatches), ("chunks", chunks)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TrainingError(f"chunk_times: {name} must be an integer >= 1, got {v!r}")
+    stages = len(list(forward_s))
+    if stages < 1:
+        raise TrainingError("chunk_times: forward_s must give at least one stage")
+    fwd, bwd, wgt = (_times(n, v, stages) for n, v in (("forward_s", forward_s), ("backward_s", backward_s),
+                                                        ("weight_s", weight_s)))
+    fh = _times("forward_hand_s", [0.0] * stages if forward_hand_s is None else forward_hand_s, stages)
+    bh = _times("backward_hand_s", [0.0] * stages if backward_hand_s is None else backward_hand_s, stages)
+    joint = None if joint_weight_s is None else _times("joint_weight_s", joint_weight_s, stages)
+    if tokenwise not in (0, 1) or tokenwise >= stages:
+        raise TrainingError(f"chunk_times: tokenwise must be 0 or 1 (and leave a block stage), got {tokenwise!r}")
+    last = stages - 1
+    # each stage's passes of each kind, in the order the bits fix: forwards ascending,
+    # input gradients descending (ascending on a token-wise stage or without the chunk order),
+    # weight gradients ascending (one a micro-batch when joint)
+    order = {}
+    for s in range(stages):
+        ascending = not chunk_order or s > last - tokenwise
+        order[("f", s)] = [(m, c) for m in range(microbatches) for c in range(chunks)]
+        order[("b", s)] = [(m, c) for m in range(microbatches) for c in (range(chunks) if ascending
+                                                                          else range(chunks - 1, -1, -1))]
+        order[("w", s)] = ([(m, 0) for m in range(microbatches)] if joint is not None
+                           else [(m, c) for m in range(microbatches) for c in range(chunks)])
+    duration = {"f": fwd, "b": bwd, "w": joint if joint is not None else wgt}
+    done: dict = {}
+    pos = {key: 0 for key in order}
+    free = [0.0] * stages
+    rank = {"b": 0, "f": 1, "w": 2}
+
+    def ready(kind: str, s: int, m: int, c: int) -> "float | None":
+        """When the pass may start (its operands' arrival), or None while one is missing."""
+        needs = []
+        if kind == "f":
+            if s > 0:
+                needs.append((("f", s - 1, m, c), fh[s - 1]))
+        elif kind == "b":
+            ascending = not chunk_order or s > last - tokenwise
+            if s == last or s > last - tokenwise:
+                needs.append((("f", s, m, c), 0.0))
+            if s < last:
+                needs.append((("b", s + 1, m, c), bh[s + 1]))
+            if chunk_order and not ascending:
+                if s == last:  # the micro-batch's every chunk through the last stage
+                    needs.append((("f", s, m, chunks - 1), 0.0))
+                elif tokenwise and s == last - tokenwise:  # the token-wise stage hands chunks back in order
+                    needs.append((("f", s + 1, m, chunks - 1), 0.0))
+        else:
+            ascending = not chunk_order or s > last - tokenwise
+            if joint is not None:  # one pass over the micro-batch: after its last B pass on this stage
+                needs.append((("b", s, m, chunks - 1 if ascending else 0), 0.0))
+            else:  # chunk c's output gradient; in descending B order the last B pass gives chunk 0's
+                needs.append((("b", s, m, c if ascending else 0), 0.0))
+        start = 0.0
+        for key, delay in needs:
+            if key not in done:
+                return None
+            start = max(start, done[key] + delay)
+        return start
+
+    total = sum(len(v) for v in order.values())
+    while len(done) < total:
+        best = None
+        for s in range(stages):
+            for kind in "bfw":
+                i = pos[(kind, s)]
+                if i == len(order[(kind, s)]):
+                    continue
+                m, c = order[(kind, s)][i]
+                at = ready(kind, s, m, c)
+                if at is None:
+                    continue
+                key = (max(at, free[s]), rank[kind], s)
+                if best is None or key < best[0]:
+                    best = (key, kind, s, m, c)
+        if best is None:
+            raise TrainingError("chunk_times: no pass can start (an internal error)")
+        (start, _, s), kind, _, m, c = best
+        done[(kind, s, m, c)] = free[s] = start + duration[kind][s]
+        pos[(kind, s)] += 1
+    return done, free

@@ -1,0 +1,124 @@
+"""The timeline of a chunked pipeline (:mod:`tvm_spinn.training.chunk_schedule`): the order the
+bits fix (forwards ascending, input gradients descending, weight gradients ascending after the
+micro-batch's last input-gradient pass) against hand-made event lists; bad input named."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tvm_spinn.training import TrainingError
+from tvm_spinn.training.chunk_schedule import chunk_times
+
+
+def test_two_stages_two_chunks_by_hand():
+    """2 stages, 1 micro-batch of 2 chunks, every pass 1 s, no hand-over time. Stage 1's first
+    B pass is the last chunk's, after both forwards; both W passes wait for chunk 0's B pass."""
+    done, ends = chunk_times(1, 2, [1, 1], [1, 1], [1, 1])
+    assert done == {("f", 0, 0, 0): 1.0, ("f", 0, 0, 1): 2.0, ("f", 1, 0, 0): 2.0, ("f", 1, 0, 1): 3.0,
+                    ("b", 1, 0, 1): 4.0, ("b", 1, 0, 0): 5.0, ("b", 0, 0, 1): 5.0, ("b", 0, 0, 0): 6.0,
+                    ("w", 1, 0, 0): 6.0, ("w", 1, 0, 1): 7.0, ("w", 0, 0, 0): 7.0, ("w", 0, 0, 1): 8.0}
+    assert ends == [8.0, 7.0]
+
+
+def test_independent_slots_by_hand():
+    """The same passes as independent slots: stage 1 runs chunk 0's B before chunk 1's forward
+    (B first on a tie), each W pass right after its own B pass where the stage is free."""
+    done, ends = chunk_times(1, 2, [1, 1], [1, 1], [1, 1], chunk_order=False)
+    assert done == {("f", 0, 0, 0): 1.0, ("f", 0, 0, 1): 2.0, ("f", 1, 0, 0): 2.0, ("b", 1, 0, 0): 3.0,
+                    ("b", 0, 0, 0): 4.0, ("f", 1, 0, 1): 4.0, ("w", 0, 0, 0): 5.0, ("b", 1, 0, 1): 5.0,
+                    ("b", 0, 0, 1): 6.0, ("w", 1, 0, 0): 6.0, ("w", 0, 0, 1): 7.0, ("w", 1, 0, 1): 7.0}
+    assert ends == [7.0, 7.0]
+
+
+def test_joint_weight_pass_by_hand():
+    """One W pass over the micro-batch's tokens (1.5 s) after its last B pass on each stage."""
+    done, ends = chunk_times(1, 2, [1, 1], [1, 1], [1, 1], joint_weight_s=[1.5, 1.5])
+    assert done[("w", 1, 0, 0)] == 6.5 and done[("w", 0, 0, 0)] == 7.5
+    assert sum(1 for k in done if k[0] == "w") == 2
+    assert ends == [7.5, 6.5]
+
+
+def test_hand_over_times_delay_the_neighbour():
+    """A forward's output reaches the next stage 0.5 s after it ends, a B pass's the previous
+    stage 0.25 s after."""
+    done, _ = chunk_times(1, 1, [1, 1], [1, 1], [0, 0], [0.5, 0.0], [0.0, 0.25])
+    assert done[("f", 1, 0, 0)] == 2.5 and done[("b", 1, 0, 0)] == 3.5 and done[("b", 0, 0, 0)] == 4.75
+
+
+def test_a_tokenwise_last_stage_runs_each_chunk_back_at_once():
+    """A token-wise last stage (a head) runs chunk c's B right after its forward; the block stage
+    before it still starts its B passes with the last chunk's, once the head returned it."""
+    done, _ = chunk_times(1, 3, [1, 1], [1, 1], [0, 0], tokenwise=1)
+    assert done[("b", 1, 0, 0)] < done[("f", 1, 0, 1)]  # chunk 0 back before chunk 1 goes forward
+    assert done[("b", 0, 0, 2)] < done[("b", 0, 0, 1)] < done[("b", 0, 0, 0)]
+    assert done[("b", 0, 0, 2)] >= done[("b", 1, 0, 2)]
+
+
+@pytest.mark.parametrize("stages, mb, chunks", [(3, 2, 4), (4, 3, 2), (2, 1, 5)])
+def test_every_pass_after_what_it_reads(stages, mb, chunks):
+    """Unequal stages: every pass once, no two passes of a stage at once, each after its
+    operands: forwards in ascending chunk order, B passes descending, W passes ascending after
+    the micro-batch's chunk-0 B pass."""
+    f = [1.0 + 0.25 * s for s in range(stages)]
+    b = [1.5 - 0.25 * s for s in range(stages)]
+    w = [0.5 + 0.125 * s for s in range(stages)]
+    done, ends = chunk_times(mb, chunks, f, b, w, [0.1] * stages, [0.2] * stages)
+    assert len(done) == 3 * stages * mb * chunks
+    dur = {"f": f, "b": b, "w": w}
+    for s in range(stages):
+        spans = sorted((done[k] - dur[k[0]][s], done[k]) for k in done if k[1] == s)
+        assert all(a[1] <= b_[0] + 1e-12 for a, b_ in zip(spans, spans[1:]))
+        assert ends[s] == spans[-1][1]
+    for s, m, c in itertools.product(range(stages), range(mb), range(chunks)):
+        start = {k: done[k] - dur[k[0]][k[1]] for k in done}
+        if s:
+            assert start[("f", s, m, c)] >= done[("f", s - 1, m, c)] + 0.1 - 1e-12
+        if s < stages - 1:
+            assert start[("b", s, m, c)] >= done[("b", s + 1, m, c)] + 0.2 - 1e-12
+        else:
+            assert start[("b", s, m, c)] >= done[("f", s, m, chunks - 1)] - 1e-12
+        if c:
+            assert done[("f", s, m, c - 1)] <= start[("f", s, m, c)] + 1e-12
+            assert done[("b", s, m, c)] <= start[("b", s, m, c - 1)] + 1e-12
+            assert done[("w", s, m, c - 1)] <= start[("w", s, m, c)] + 1e-12
+        assert start[("w", s, m, c)] >= done[("b", s, m, 0)] - 1e-12
+
+
+def test_one_chunk_is_independent_slots():
+    """With one chunk a micro-batch is a slot: ``m`` micro-batches of one chunk have the
+    timeline of one micro-batch of ``m`` independent slots."""
+    args = ([1.0, 1.5, 1.25], [1.5, 1.0, 1.25], [0.75, 0.5, 1.0], [0.2] * 3, [0.1] * 3)
+    one, one_end = chunk_times(4, 1, *args)
+    free, free_end = chunk_times(1, 4, *args, chunk_order=False)
+    assert one_end == free_end
+    assert {(k, s, c): t for (k, s, m, c), t in free.items()} == {(k, s, m): t for (k, s, m, _), t in one.items()}
+
+
+def test_the_chunk_order_costs_time_behind_a_slower_head():
+    """3 block stages (F = B = W = 1 s) and a slower token-wise head (F = B = 1.5 s), 2
+    micro-batches of 8 chunks: as independent slots the head paces every slot (55 s); in the
+    order the bits fix, the last micro-batch's B passes start only once its last chunk left the
+    head, and its W passes after its chunk-0 B pass (69 s); one W pass a micro-batch that does
+    the eight passes' work in 6 s ends 2 s sooner."""
+    args = (2, 8, [1.0] * 3 + [1.5], [1.0] * 3 + [1.5], [1.0] * 3 + [0.0])
+    assert max(chunk_times(*args, tokenwise=1, chunk_order=False)[1]) == 55.0
+    assert max(chunk_times(*args, tokenwise=1)[1]) == 69.0
+    assert max(chunk_times(*args, tokenwise=1, joint_weight_s=[6.0] * 3 + [0.0])[1]) == 67.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(microbatches=0), "microbatches must be an integer >= 1"),
+    (dict(chunks=True), "chunks must be an integer >= 1"),
+    (dict(weight_s=[1.0]), "weight_s must be 2 non-negative seconds"),
+    (dict(backward_s=[1.0, -1.0]), "backward_s must be 2 non-negative seconds"),
+    (dict(forward_hand_s=[0.0]), "forward_hand_s must be 2"),
+    (dict(tokenwise=2), "tokenwise must be 0 or 1"),
+    (dict(joint_weight_s=[1.0, 1.0, 1.0]), "joint_weight_s must be 2"),
+])
+def test_bad_input_is_named(kwargs, message):
+    args = dict(microbatches=1, chunks=2, forward_s=[1.0, 1.0], backward_s=[1.0, 1.0], weight_s=[1.0, 1.0])
+    args.update(kwargs)
+    with pytest.raises(TrainingError, match=message):
+        chunk_times(**args)
