@@ -122,3 +122,43 @@ def test_bad_input_is_named(kwargs, message):
     args.update(kwargs)
     with pytest.raises(TrainingError, match=message):
         chunk_times(**args)
+
+
+def _gpt2_small_24_boards():
+    transformers = pytest.importorskip("transformers")
+    from tvm_spinn.target.arch import make_system
+    from tvm_spinn.training.planner import Split, _Comms, _spec, _step_time
+
+    spec = _spec(transformers.GPT2Config())
+    arch = make_system("gpt2-small-24-boards", boards=24)
+    comms = _Comms(arch, True)
+    # the 24-board plan of bench/training.py: TP 12 x PP 12 x DP 4, a head stage of 96 chips 4
+    # slots behind, 2 micro-batches of one sequence in 32 chunks, ZB-H1
+    split = Split(12, 12, 4, 0, 1, 2, False, True, 32, "dp,tp,pp", 96, False, 4, True)
+    return spec, split, _step_time(spec, split, 256, "adamw", arch, comms), arch, comms
+
+
+def test_the_planned_pipeline_as_a_timeline():
+    """GPT-2 small's 24-board plan: its passes as independent slots give the planner's pipeline
+    term within 0.5% (the term's rule on the same passes); in the chunk order the bits fix the
+    pipeline takes longer, and one W pass a micro-batch gives some of it back."""
+    from tvm_spinn.training.planner.timeline import pipeline_timeline
+
+    spec, split, step, arch, comms = _gpt2_small_24_boards()
+    assert len(step.passes_s) == split.stages
+    for f, b, w, hand_f, hand_b in step.passes_s[:split.pp]:  # a block stage's passes sum to its slot
+        assert f + b + w == pytest.approx(max(s for *_, s in step.stages_s[:-1]))
+    assert step.passes_s[-1][2] == 0.0  # the head's slot is its links': nothing to defer
+    t = pipeline_timeline(spec, split, step, 256, arch, comms)
+    assert t["slots"] == pytest.approx(step.pipeline_s, rel=5e-3)
+    assert t["ordered"] > 1.1 * t["slots"]
+    assert t["slots"] < t["joint"] < t["ordered"]
+
+
+def test_a_timeline_needs_a_pipeline():
+    from tvm_spinn.training.planner import StepTime
+    from tvm_spinn.training.planner.timeline import pipeline_timeline
+
+    spec, split, _, arch, comms = _gpt2_small_24_boards()
+    with pytest.raises(ValueError, match="no passes"):
+        pipeline_timeline(spec, split, StepTime(1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0), 256, arch, comms)

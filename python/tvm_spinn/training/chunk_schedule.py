@@ -61,9 +61,10 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
     tokenwise : int
         How many of the last stages are token-wise (0 or 1: a head stage): there a chunk's B
         runs after its own forward, in ascending chunk order.
-    joint_weight_s : sequence of float, optional
+    joint_weight_s : sequence of float or None, optional
         Seconds of one W pass over a whole micro-batch's tokens on each stage: the stage runs one
-        such pass a micro-batch (after its last B pass of it) instead of ``chunks`` W passes.
+        such pass a micro-batch (after its last B pass of it) instead of ``chunks`` W passes
+        (``None`` for a stage that keeps one W pass a chunk).
     chunk_order : bool
         Keep the chunk order (default). ``False``: every chunk an independent slot.
 
@@ -83,7 +84,11 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
                                                         ("weight_s", weight_s)))
     fh = _times("forward_hand_s", [0.0] * stages if forward_hand_s is None else forward_hand_s, stages)
     bh = _times("backward_hand_s", [0.0] * stages if backward_hand_s is None else backward_hand_s, stages)
-    joint = None if joint_weight_s is None else _times("joint_weight_s", joint_weight_s, stages)
+    joint = None
+    if joint_weight_s is not None:  # None for a stage that keeps one W pass a chunk
+        joint_weight_s = list(joint_weight_s)
+        joint = _times("joint_weight_s", [0.0 if v is None else v for v in joint_weight_s], stages)
+        joint = [None if v is None else t for v, t in zip(joint_weight_s, joint)]
     if tokenwise not in (0, 1) or tokenwise >= stages:
         raise TrainingError(f"chunk_times: tokenwise must be 0 or 1 (and leave a block stage), got {tokenwise!r}")
     last = stages - 1
@@ -96,9 +101,10 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
         order[("f", s)] = [(m, c) for m in range(microbatches) for c in range(chunks)]
         order[("b", s)] = [(m, c) for m in range(microbatches) for c in (range(chunks) if ascending
                                                                           else range(chunks - 1, -1, -1))]
-        order[("w", s)] = ([(m, 0) for m in range(microbatches)] if joint is not None
+        order[("w", s)] = ([(m, 0) for m in range(microbatches)] if joint is not None and joint[s] is not None
                            else [(m, c) for m in range(microbatches) for c in range(chunks)])
-    duration = {"f": fwd, "b": bwd, "w": joint if joint is not None else wgt}
+    duration = {"f": fwd, "b": bwd, "w": [wgt[s] if joint is None or joint[s] is None else joint[s]
+                                          for s in range(stages)]}
     done: dict = {}
     pos = {key: 0 for key in order}
     free = [0.0] * stages
@@ -123,7 +129,7 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
                     needs.append((("f", s + 1, m, chunks - 1), 0.0))
         else:
             ascending = not chunk_order or s > last - tokenwise
-            if joint is not None:  # one pass over the micro-batch: after its last B pass on this stage
+            if joint is not None and joint[s] is not None:  # one pass over the micro-batch: after its last B
                 needs.append((("b", s, m, chunks - 1 if ascending else 0), 0.0))
             else:  # chunk c's output gradient; in descending B order the last B pass gives chunk 0's
                 needs.append((("b", s, m, c if ascending else 0), 0.0))
