@@ -26,13 +26,20 @@ collectives and the hand-over on its path). With ``chunk_order=False`` every chu
 independent slot (its B right after its own forward through the last stage, its W right after
 its B): the assumption of a 1F1B slot count, against which the chunk order's cost shows.
 A schedule orders whole passes of one chunk's values: no bit moves.
+
+:func:`chunk_ends` runs the same list schedule to each stage's last end alone, fast enough for
+the split search to charge every chunked split's order: a pass's operands come from its own stage
+and its two neighbours, so each start refreshes those three stages' next candidate only, and a
+heap keyed as above picks the earliest (the same choices, the same floats, as :func:`chunk_times`).
 """
 
 from __future__ import annotations
 
+import heapq
+
 from .errors import TrainingError
 
-__all__ = ["chunk_times"]
+__all__ = ["chunk_ends", "chunk_times"]
 
 
 def _times(name: str, values, stages: int) -> list:
@@ -41,6 +48,29 @@ def _times(name: str, values, stages: int) -> list:
         raise TrainingError(f"chunk_times: {name} must be {stages} non-negative seconds (one a stage), got "
                             f"{values!r}")
     return [float(v) for v in values]
+
+
+def _checked(microbatches, chunks, forward_s, backward_s, weight_s, forward_hand_s, backward_hand_s, tokenwise,
+             joint_weight_s) -> tuple:
+    """The arguments of :func:`chunk_times` as float lists (one a stage), or the bad one named."""
+    for name, v in (("microbatches", microbatches), ("chunks", chunks)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TrainingError(f"chunk_times: {name} must be an integer >= 1, got {v!r}")
+    stages = len(list(forward_s))
+    if stages < 1:
+        raise TrainingError("chunk_times: forward_s must give at least one stage")
+    fwd, bwd, wgt = (_times(n, v, stages) for n, v in (("forward_s", forward_s), ("backward_s", backward_s),
+                                                        ("weight_s", weight_s)))
+    fh = _times("forward_hand_s", [0.0] * stages if forward_hand_s is None else forward_hand_s, stages)
+    bh = _times("backward_hand_s", [0.0] * stages if backward_hand_s is None else backward_hand_s, stages)
+    joint = None
+    if joint_weight_s is not None:  # None for a stage that keeps one W pass a chunk
+        joint_weight_s = list(joint_weight_s)
+        joint = _times("joint_weight_s", [0.0 if v is None else v for v in joint_weight_s], stages)
+        joint = [None if v is None else t for v, t in zip(joint_weight_s, joint)]
+    if tokenwise not in (0, 1) or tokenwise >= stages:
+        raise TrainingError(f"chunk_times: tokenwise must be 0 or 1 (and leave a block stage), got {tokenwise!r}")
+    return fwd, bwd, wgt, fh, bh, joint
 
 
 def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s, forward_hand_s=None,
@@ -74,23 +104,9 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
         The end of every pass, keyed ``(kind, stage, micro-batch, chunk)`` (``kind`` ``"f"``,
         ``"b"`` or ``"w"``; a joint W pass has chunk 0), and each stage's last end.
     """
-    for name, v in (("microbatches", microbatches), ("chunks", chunks)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise TrainingError(f"chunk_times: {name} must be an integer >= 1, got {v!r}")
-    stages = len(list(forward_s))
-    if stages < 1:
-        raise TrainingError("chunk_times: forward_s must give at least one stage")
-    fwd, bwd, wgt = (_times(n, v, stages) for n, v in (("forward_s", forward_s), ("backward_s", backward_s),
-                                                        ("weight_s", weight_s)))
-    fh = _times("forward_hand_s", [0.0] * stages if forward_hand_s is None else forward_hand_s, stages)
-    bh = _times("backward_hand_s", [0.0] * stages if backward_hand_s is None else backward_hand_s, stages)
-    joint = None
-    if joint_weight_s is not None:  # None for a stage that keeps one W pass a chunk
-        joint_weight_s = list(joint_weight_s)
-        joint = _times("joint_weight_s", [0.0 if v is None else v for v in joint_weight_s], stages)
-        joint = [None if v is None else t for v, t in zip(joint_weight_s, joint)]
-    if tokenwise not in (0, 1) or tokenwise >= stages:
-        raise TrainingError(f"chunk_times: tokenwise must be 0 or 1 (and leave a block stage), got {tokenwise!r}")
+    fwd, bwd, wgt, fh, bh, joint = _checked(microbatches, chunks, forward_s, backward_s, weight_s, forward_hand_s,
+                                            backward_hand_s, tokenwise, joint_weight_s)
+    stages = len(fwd)
     last = stages - 1
     # each stage's passes of each kind, in the order the bits fix: forwards ascending,
     # input gradients descending (ascending on a token-wise stage or without the chunk order),
@@ -161,3 +177,123 @@ def chunk_times(microbatches: int, chunks: int, forward_s, backward_s, weight_s,
         done[(kind, s, m, c)] = free[s] = start + duration[kind][s]
         pos[(kind, s)] += 1
     return done, free
+
+
+def chunk_ends(microbatches: int, chunks: int, forward_s, backward_s, weight_s, forward_hand_s=None,
+               backward_hand_s=None, *, tokenwise: int = 0, joint_weight_s=None, chunk_order: bool = True) -> list:
+    """Each stage's last end in :func:`chunk_times`'s schedule (the same arguments, the same floats).
+
+    The schedule starts, of every stage's next pass of each kind whose operands are done, the
+    one that can start earliest (ties: B, F, W, then the lower stage). A pass reads only its own
+    stage's and its neighbours' passes, so after a start only those three stages' candidates
+    change: they are refreshed and the earliest of all is taken from a heap (stale entries are
+    skipped by a per-stage version), ``O(passes x log(stages))`` in all.
+
+    Returns
+    -------
+    list of float
+        Each stage's last end, first stage first (the step's pipeline is their maximum).
+    """
+    fwd, bwd, wgt, fh, bh, joint = _checked(microbatches, chunks, forward_s, backward_s, weight_s, forward_hand_s,
+                                            backward_hand_s, tokenwise, joint_weight_s)
+    stages, last, n = len(fwd), len(fwd) - 1, microbatches * chunks
+    # each stage's passes of a kind in the order the bits fix (chunk_times), as indexes m x chunks + c
+    ascending = [not chunk_order or s > last - tokenwise for s in range(stages)]
+    up = list(range(n))
+    down = [m * chunks + c for m in range(microbatches) for c in range(chunks - 1, -1, -1)]
+    jointly = [joint is not None and joint[s] is not None for s in range(stages)]
+    order_b = [up if ascending[s] else down for s in range(stages)]
+    order_w = [list(range(0, n, chunks)) if jointly[s] else up for s in range(stages)]
+    wdur = [joint[s] if jointly[s] else wgt[s] for s in range(stages)]
+    # the chunk whose B pass a W pass reads: its own ascending; chunk 0's (the micro-batch's last) descending;
+    # a joint pass the micro-batch's last B pass
+    f_end = [[None] * n for _ in range(stages)]
+    b_end = [[None] * n for _ in range(stages)]
+    pos_f, pos_b, pos_w = [0] * stages, [0] * stages, [0] * stages
+    free = [0.0] * stages
+    head_b = [s == last or s > last - tokenwise for s in range(stages)]  # B reads its own forward
+    whole_b = [chunk_order and not ascending[s] and (s == last or (tokenwise and s == last - tokenwise))
+               for s in range(stages)]  # B waits for the micro-batch's last chunk's forward (here or next)
+
+    def candidate(s: int):
+        """The stage's pass that can start earliest: (start, rank, kind), or None."""
+        best = None
+        i = pos_b[s]
+        if i < n:
+            idx = order_b[s][i]
+            at, ok = 0.0, True
+            if head_b[s]:
+                v = f_end[s][idx]
+                ok = v is not None
+                if ok:
+                    at = max(at, v)
+            if ok and s < last:
+                v = b_end[s + 1][idx]
+                ok = v is not None
+                if ok:
+                    at = max(at, v + bh[s + 1])
+            if ok and whole_b[s]:
+                v = f_end[s if s == last else s + 1][idx - idx % chunks + chunks - 1]
+                ok = v is not None
+                if ok:
+                    at = max(at, v)
+            if ok:
+                best = (max(at, free[s]), 0)
+        i = pos_f[s]
+        if i < n:
+            if s == 0:
+                at = 0.0
+            else:
+                v = f_end[s - 1][i]
+                at = None if v is None else max(0.0, v + fh[s - 1])
+            if at is not None:
+                key = (max(at, free[s]), 1)
+                if best is None or key < best:
+                    best = key
+        i = pos_w[s]
+        if i < len(order_w[s]):
+            idx = order_w[s][i]
+            m0 = idx - idx % chunks
+            if jointly[s]:
+                v = b_end[s][m0 + chunks - 1 if ascending[s] else m0]
+            else:
+                v = b_end[s][idx if ascending[s] else m0]
+            if v is not None:
+                key = (max(max(0.0, v), free[s]), 2)
+                if best is None or key < best:
+                    best = key
+        return best
+
+    version = [0] * stages
+    heap = []
+
+    def refresh(s: int) -> None:
+        version[s] += 1
+        c = candidate(s)
+        if c is not None:
+            heapq.heappush(heap, (c[0], c[1], s, version[s]))
+
+    for s in range(stages):
+        refresh(s)
+    left = stages * (2 * n) + sum(len(o) for o in order_w)
+    while left:
+        if not heap:
+            raise TrainingError("chunk_ends: no pass can start (an internal error)")
+        start, rank, s, v = heapq.heappop(heap)
+        if v != version[s]:
+            continue
+        if rank == 0:
+            idx = order_b[s][pos_b[s]]
+            b_end[s][idx] = free[s] = start + bwd[s]
+            pos_b[s] += 1
+        elif rank == 1:
+            f_end[s][pos_f[s]] = free[s] = start + fwd[s]
+            pos_f[s] += 1
+        else:
+            free[s] = start + wdur[s]
+            pos_w[s] += 1
+        left -= 1
+        for t in (s - 1, s, s + 1):
+            if 0 <= t < stages:
+                refresh(t)
+    return free

@@ -7,14 +7,18 @@ independent: its input-gradient passes run in descending chunk order once its la
 forward through every stage, and its weight-gradient passes in ascending chunk order after its
 chunk-0 input-gradient pass (:mod:`tvm_spinn.training.chunk_schedule`). :func:`pipeline_timeline`
 runs the planned stages' passes (:attr:`.records.StepTime.passes_s`) through
-:func:`~tvm_spinn.training.chunk_schedule.chunk_times` both ways, and with each block stage's
+:func:`~tvm_spinn.training.chunk_schedule.chunk_ends` both ways, and with each block stage's
 weight-gradient passes of a micro-batch run as one GEMM pass over its tokens (the same
-additions in the same order: the same bits).
+additions in the same order: the same bits). :func:`charge_chunk_order` charges the split search
+that order: a chunked split's pipeline is the longer of its term and its passes' ordered timeline
+(:func:`~tvm_spinn.training.chunk_schedule.chunk_ends`).
 """
 
 from __future__ import annotations
 
-from ..chunk_schedule import chunk_times
+import dataclasses
+
+from ..chunk_schedule import chunk_ends
 from .model import _block_gemms
 from .records import Split, StepTime
 from .slot import _pass_seconds
@@ -35,8 +39,8 @@ def pipeline_timeline(spec, split: Split, step: StepTime, seq: int, arch, comms)
         raise ValueError("pipeline_timeline: the step has no passes (StepTime.passes_s is empty: not a planned step)")
     f, b, w, hand_f, hand_b = (list(v) for v in zip(*step.passes_s))
     tokenwise = 1 if split.head_tp else 0
-    slots = max(chunk_times(1, split.slots, f, b, w, hand_f, hand_b, tokenwise=tokenwise, chunk_order=False)[1])
-    ordered = max(chunk_times(split.micro_batches, split.chunks, f, b, w, hand_f, hand_b, tokenwise=tokenwise)[1])
+    slots = max(chunk_ends(1, split.slots, f, b, w, hand_f, hand_b, tokenwise=tokenwise, chunk_order=False))
+    ordered = max(chunk_ends(split.micro_batches, split.chunks, f, b, w, hand_f, hand_b, tokenwise=tokenwise))
     tokens = split.micro_batch * seq // split.chunks
     chunk = _pass_seconds(arch, _block_gemms(spec, tokens, seq, split.tp, split.micro_batch, split.chunks)[0],
                           comms, True)[2]
@@ -44,6 +48,25 @@ def pipeline_timeline(spec, split: Split, step: StepTime, seq: int, arch, comms)
                           comms, True)[2]
     # a block stage's W pass over the micro-batch: its chunk's W pass times the GEMMs' ratio
     joint = [w_i * whole / chunk if i < split.pp and w_i > 0 and chunk > 0 else None for i, w_i in enumerate(w)]
-    joint_s = max(chunk_times(split.micro_batches, split.chunks, f, b, w, hand_f, hand_b, tokenwise=tokenwise,
-                              joint_weight_s=joint)[1])
+    joint_s = max(chunk_ends(split.micro_batches, split.chunks, f, b, w, hand_f, hand_b, tokenwise=tokenwise,
+                             joint_weight_s=joint))
     return {"slots": slots, "ordered": ordered, "joint": joint_s}
+
+
+def charge_chunk_order(split: Split, step: StepTime) -> StepTime:
+    """The step with its pipeline at least its passes' timeline in the chunk order the bits fix.
+
+    A split with token chunks (:attr:`.records.Split.chunks` > 1) runs each micro-batch's
+    input-gradient passes in descending chunk order after its last chunk's forward through the
+    last stage, and its weight-gradient passes after the stage's chunk-0 input-gradient pass;
+    the pipeline term counts its slots as independent. The step's pipeline (and its bubble) is
+    the longer of the two; the other parts are the step's. A split without chunks, or a step
+    without :attr:`StepTime.passes_s`, is returned as it is (its slots are independent)."""
+    if split.chunks == 1 or not step.passes_s:
+        return step
+    f, b, w, hand_f, hand_b = (list(v) for v in zip(*step.passes_s))
+    ordered = max(chunk_ends(split.micro_batches, split.chunks, f, b, w, hand_f, hand_b,
+                             tokenwise=1 if split.head_tp else 0))
+    if ordered <= step.pipeline_s:
+        return step
+    return dataclasses.replace(step, pipeline_s=ordered, bubble_s=step.bubble_s + ordered - step.pipeline_s)
