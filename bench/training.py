@@ -252,19 +252,17 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
 
 def _timeline(spec, plan, arch, seq: int) -> None:
     """The planned pipeline as a timeline of its passes (:mod:`tvm_spinn.training.chunk_schedule`):
-    as independent slots (the planner's term), in the chunk order the bits fix, and with one
-    weight-gradient pass a micro-batch."""
+    as independent slots (the pipeline term's assumption), in the chunk order the bits fix (what
+    the search charges a chunked split), and with one weight-gradient pass a micro-batch."""
     from tvm_spinn.training.planner import _Comms
     from tvm_spinn.training.planner.timeline import pipeline_timeline
 
     t = pipeline_timeline(spec, plan.split, plan.step, seq, arch, _Comms(arch, True))
-    print(f"  the pipeline as a timeline of its passes (training.chunk_schedule; the planner's term "
-          f"{plan.step.pipeline_s:.4f} s): independent slots {t['slots']:.4f} s, in the chunk order the bits fix "
-          f"(B passes descending, W passes after the micro-batch's chunk-0 B pass) {t['ordered']:.4f} s "
-          f"({t['ordered'] / t['slots']:.2f}x), with one W pass a micro-batch {t['joint']:.4f} s "
-          f"({t['joint'] / t['slots']:.2f}x); the step with the chunk order "
-          f"{plan.time_per_step_s - plan.step.pipeline_s + t['ordered']:.4f} s (priced here only: the planner's "
-          f"search prices the slots as independent)")
+    print(f"  the pipeline as a timeline of its passes (training.chunk_schedule; the plan's pipeline "
+          f"{plan.step.pipeline_s:.4f} s, the longer of its term and the chunk order): independent slots "
+          f"{t['slots']:.4f} s, in the chunk order the bits fix (B passes descending, W passes after the "
+          f"micro-batch's chunk-0 B pass) {t['ordered']:.4f} s ({t['ordered'] / t['slots']:.2f}x), with one W pass "
+          f"a micro-batch {t['joint']:.4f} s ({t['joint'] / t['slots']:.2f}x)")
 
 
 def _limits(plan, chips: int) -> None:
