@@ -163,11 +163,15 @@ def plan_training(config, system="spinn/board", *, seq: "int | None" = None, glo
         nonlocal best, costed
         while queue and queue[0][0] < limit and (best is None or queue[0][0] < best[0]):
             bound, _, _, split, mem = heapq.heappop(queue)
-            # a chunked split's pipeline in the order the bits fix (at least its term: the bound holds)
-            step = charge_chunk_order(split, _step_time(spec, split, seq, optimizer, arch, comms))
+            step = _step_time(spec, split, seq, optimizer, arch, comms)
+            key = (step.total_s, split.chips, _split_key(split))
+            if best is None or key < best[:3]:
+                # a chunked split's pipeline in the order the bits fix: at least its term, so the
+                # bound holds, and a split already slower than the best needs no timeline
+                step = charge_chunk_order(split, step)
+                key = (step.total_s, *key[1:])
             search[split] = (split, bound, step.total_s)
             costed += 1
-            key = (step.total_s, split.chips, _split_key(split))
             if best is None or key < best:
                 best = (*key, step, split, mem)
 
