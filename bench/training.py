@@ -242,11 +242,27 @@ def gpt2_small_plans(seq: int = 256, batch: int = 8) -> dict:
     print(f"  24 boards use {plan24.split.chips} of their {chips24} chips; bound binding: {plan24.bound_binding}")
     _limits(plan24, chips24)
     _pacing_gemms(spec, plan24, systems[-1][1], seq)
+    _timeline(spec, plan24, systems[-1][1], seq)
     print(f"  target efficiency >= {TARGET_EFFICIENCY} on 24 boards (reproducible): {plan24.efficiency:.3f} "
           f"-> {'MET' if eff_ok else 'NOT MET'}")
     print(f"  target 24 boards vs smallest >= {TARGET_SCALING} of linear: {scaling:.4f} "
           f"-> {'MET' if scale_ok else 'NOT MET'}")
     return rows
+
+
+def _timeline(spec, plan, arch, seq: int) -> None:
+    """The planned pipeline as a timeline of its passes (:mod:`tvm_spinn.training.chunk_schedule`):
+    as independent slots (the pipeline term's assumption), in the chunk order the bits fix (what
+    the search charges a chunked split), and with one weight-gradient pass a micro-batch."""
+    from tvm_spinn.training.planner import _Comms
+    from tvm_spinn.training.planner.timeline import pipeline_timeline
+
+    t = pipeline_timeline(spec, plan.split, plan.step, seq, arch, _Comms(arch, True))
+    print(f"  the pipeline as a timeline of its passes (training.chunk_schedule; the plan's pipeline "
+          f"{plan.step.pipeline_s:.4f} s, the longer of its term and the chunk order): independent slots "
+          f"{t['slots']:.4f} s, in the chunk order the bits fix (B passes descending, W passes after the "
+          f"micro-batch's chunk-0 B pass) {t['ordered']:.4f} s ({t['ordered'] / t['slots']:.2f}x), with one W pass "
+          f"a micro-batch {t['joint']:.4f} s ({t['joint'] / t['slots']:.2f}x)")
 
 
 def _limits(plan, chips: int) -> None:

@@ -195,6 +195,9 @@ which re-exports the public names):
 * :mod:`.slot`: one stage's pipeline slot (its GEMM passes, tensor-parallel reductions, overlap);
 * :mod:`.sync`: the data-parallel gradient synchronisation and the optimizer update;
 * :mod:`.step`: the time of one step of a split, by part;
+* :mod:`.timeline`: a planned step's pipeline as a timeline of its passes in the order the bits
+  fix (:mod:`tvm_spinn.training.chunk_schedule`), against the step's term for independent slots,
+  and the charge of that order the search puts on a chunked split's pipeline;
 * :mod:`.axes`, :mod:`.fit`: the sizes each axis may take; the smallest system that holds a
   model;
 * :mod:`.search`: the split search and :func:`plan_training`.

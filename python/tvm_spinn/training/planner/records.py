@@ -215,6 +215,13 @@ class StepTime:
     #: (the slot: those parts as they overlap, :func:`_slot_seconds`; the slowest paces the
     #: pipeline); stage ``pp`` is the head's own stage
     stages_s: tuple = ()
+    #: each pipeline stage's passes of one slot as a timeline of its slots takes them
+    #: (:mod:`.timeline`): ``((forward s, input-gradient s, weight-gradient s, forward hand s,
+    #: backward hand s), ...)``, first stage first: the slot's passes (the weight-gradient GEMMs
+    #: apart) in proportion to their GEMM time, summing to the stage's slot, and the stage's
+    #: fill and drain term beyond them as the delay its forward and its input-gradient pass
+    #: hand on to the neighbouring stage
+    passes_s: tuple = ()
 
     @property
     def total_s(self) -> float:

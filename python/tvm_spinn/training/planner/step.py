@@ -288,6 +288,7 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             total = series = max(f_s + b_s, links, pp_s, chain / split.head_lag)
             path = max(total, chain)
         fill, drain_s = series, b_s
+        cross_f = 0.0
         if split.zero_bubble and slots > 1:
             # ZB-H1 (Qi et al. 2024): the weight-gradient passes leave the backward's path across
             # the stages and fill the idle time of the fill and drain, which then take
@@ -311,12 +312,14 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             alone = _slot_seconds(f_first, b_last, tp_f, tp_b, pp_s, overlap=False,
                                   w_s=min(w_gemm, b_last / 2))
             fill = max(fill, alone - (w if split.zero_bubble else 0.0))
+            cross_f = f_first + tp_f  # the first slot's forward and the collectives it waits for
         # the links' busy time in a steady slot: its collectives' bytes and its hand-overs (all of
         # them counted on the busiest link: what is left of the slot is what other transfers get)
         links = min(tp_f + tp_b, busy) + pp_s
         per_stage[stage] = dict(total=total, path=path, comp=pe_s, tp=tp_f + tp_b, pp=pp_s, waits=waits,
                                 drain=drain_s, params=streamed, fits=fits, fill=fill, comp_fill=min(f_s + b_s, fill),
-                                links=links, head=head_pass)
+                                links=links, head=head_pass, f=f_s, b=max(0.0, b_s - w_gemm), w=w_gemm,
+                                cross_f=cross_f)
     slowest = max(per_stage.values(), key=lambda st: st["total"])
     per = slowest["total"]
     # 1F1B with stages of unequal slots: the slowest stage paces the slots, and the first slot's
@@ -336,6 +339,19 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
     pipeline = (over_pipeline("total", "fill")
                 + sum(per_stage[j]["path"] - per_stage[j]["total"] for j in sorted(set(own)))
                 + (spread_path + spread_head_s if spread else 0.0))
+    # each stage's passes as a timeline of its slots takes them (StepTime.passes_s)
+    passes = []
+    for i, j in enumerate(own):
+        st = per_stage[j]
+        scale = st["total"] / max(st["f"] + st["b"] + st["w"], 1e-30)
+        f_i, b_i, w_i = st["f"] * scale, st["b"] * scale, st["w"] * scale
+        if st["total"] > st["comp"]:  # a slot paced by the links: deferring the W GEMMs does not shorten it
+            b_i, w_i = b_i + w_i, 0.0
+        extra = st["fill"] - f_i - b_i + (st["path"] - st["total"] if j == pp and stages > pp else 0.0)
+        if spread and i == pp - 1:
+            extra += spread_path + spread_head_s
+        hand_f = min(max(0.0, st["cross_f"] - f_i), max(0.0, extra))
+        passes.append(tuple(float(v) for v in (f_i, b_i, w_i, hand_f, max(0.0, extra - hand_f))))
     # the drain of 1F1B: stage j runs its last backward j backward passes before the first
     # stage ends (each at least the slowest stage's backward compute: the drain's pace), so
     # its gradient synchronisation and update start that much earlier
@@ -403,4 +419,5 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                     tp_comm_s=over_pipeline("tp"), pp_comm_s=over_pipeline("pp"), dp_comm_s=dp_exposed,
                     optimizer_s=opt_s, dram_bound=slowest["waits"], dp_hidden_s=hidden,
                     stages_s=tuple((j, st["comp"], st["tp"], st["pp"], st["total"])
-                                  for j, st in sorted(per_stage.items())))
+                                  for j, st in sorted(per_stage.items())),
+                    passes_s=tuple(passes))
