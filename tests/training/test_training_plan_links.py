@@ -120,12 +120,71 @@ def test_the_head_stages_slot_is_its_links_busy_time_with_its_transfers_together
     loss = (np.concatenate([head[:, :-1].reshape(-1), head[:, 1:].reshape(-1)]),
             np.concatenate([head[:, 1:].reshape(-1), head[:, :-1].reshape(-1)]), 3 * 4 * tokens)
     hand = (np.concatenate([last, mine]), np.concatenate([mine, last]), act / tp)
-    together = comms.joint_busy([ring, scatter, loss, hand])
+    # the tied table's rows of the slot's tokens to the first stage and their gradients back
+    first = np.ascontiguousarray(split.grid()[:, 0, :].T).reshape(-1)
+    rows = (np.concatenate([mine, first]), np.concatenate([first, mine]), 4 * tokens * 768 / tp)
+    sets = [ring, scatter, loss, hand, rows]
+    together = comms.joint_busy(sets)
     apart = (comms.collective_parts("all_gather", head, act)[1]
              + comms.collective_parts("reduce_scatter", head, act, 8)[1]
              + comms.collective_parts("all_reduce", head, 3 * 4 * tokens, chain=True)[1]
-             + comms.handover(*hand))
+             + comms.handover(*hand[:2], hand[2]) + comms.handover(*rows[:2], rows[2]))
     step = _step_time(spec, split, 256, "adamw", system, comms)
     _, compute, _, _, slot = step.stages_s[-1]
     assert compute < together < apart, (compute, together, apart)
+    assert together > comms.joint_busy(sets[:4])  # the rows load the head's links too
+    assert together >= max(comms.joint_busy([one]) for one in sets)
     assert slot == pytest.approx(together, rel=1e-9), (slot, together)
+
+
+def test_a_slots_collectives_are_costed_by_the_algorithm_they_are_priced_by():
+    """One board, a group of 8 ranks, a 24 KB reduce-scatter in the reproducible mode: the
+    direct algorithm is the one priced (the cheapest in seconds), its busiest link's time above
+    the chain's. The slot's links carry the direct's transfers (each rank's piece to every other
+    rank, built here), never the chain's lighter load; where the algorithm priced is one whose
+    transfers are not listed (the multicast trees of the fastest mode) there is no joint."""
+    comms = _Comms(arch_of("spinn/board"), True)
+    group = np.array([[8, 9, 10, 11, 12, 13, 14, 15]])
+    n = 24576.0
+    seconds, busy, algorithm = comms.chosen("reduce_scatter", group, n)
+    assert algorithm == "direct" and (seconds, busy) == comms.collective_parts("reduce_scatter", group, n)
+    src, dst = np.array([(s, d) for s in group[0] for d in group[0] if s != d]).T
+    direct = comms.joint_busy([(src, dst, n / 8)])
+    chain = comms.joint_busy([comms.transfers("reduce_scatter", "chain", group, n)])
+    assert chain < busy, (chain, busy)
+    none = (np.array([], np.int64), np.array([], np.int64), 0.0)
+    joint = comms.slot_busy([("reduce_scatter", group, n, 1, False)], *none)
+    assert joint == pytest.approx(direct, rel=1e-12) and joint >= busy * (1 - 1e-9), (joint, busy)
+    hand = (np.array([0, 1]), np.array([20, 30]), 1e4)
+    both = comms.slot_busy([("reduce_scatter", group, n, 1, False)], *hand)
+    assert max(joint, comms.joint_busy([hand])) <= both <= joint + comms.joint_busy([hand]) * (1 + 1e-12)
+    fast = _Comms(arch_of("spinn/board"), False)
+    assert fast.chosen("all_gather", group, n)[2] == "multicast"
+    assert fast.slot_busy([("all_gather", group, n, 1, False)], *none) is None
+
+
+def test_transfers_between_two_boards_split_over_the_board_edges():
+    """Two boards: every transfer from one board to the other may take the four edge-disjoint
+    board paths (one board edge each, equal rates and latencies), the bytes of each direction
+    split evenly over its four edges, split here by hand; a set that stays on a board keeps its
+    chip routes. The joint is the cheaper of that and every transfer on its chip route, at
+    least each set's own busiest link and at most their sum."""
+    system = make_system("two-boards", boards=2)
+    comms = _Comms(system, True)
+    topo = comms.topo
+    rate = edge_rate(topo)
+    paths = {(0, 1): topo.board_paths(0, 1), (1, 0): topo.board_paths(1, 0)}
+    assert all(len(p) == 4 and all(len(e) == 1 for e in p) for p in paths.values())
+    across = (np.array([0, 1, 2, 50, 51]), np.array([48, 49, 48, 3, 4]), np.array([4e5, 2e5, 2e5, 1e5, 3e5]))
+    inside = (np.array([5, 6, 60]), np.array([9, 10, 70]), 1e5)
+    edge = np.zeros(topo.boards * 6)
+    for (a, b), total in (((0, 1), 8e5), ((1, 0), 4e5)):
+        for (e,) in paths[(a, b)]:
+            edge[e] += total / 4
+    by_edges = max(float((edge / rate).max()), _busiest(topo, [inside]))
+    want = min(_busiest(topo, [across, inside]), by_edges)
+    got = comms.joint_busy([across, inside])
+    assert got == pytest.approx(want, rel=1e-12), (got, want, by_edges)
+    assert got == pytest.approx(by_edges, rel=1e-12)  # the chip routes meet on few board links
+    own = [comms.joint_busy([one]) for one in (across, inside)]
+    assert max(own) <= got <= sum(own) * (1 + 1e-12), (own, got)

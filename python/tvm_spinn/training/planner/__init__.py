@@ -63,7 +63,8 @@ back; the embedding tables' rows of the slot's tokens only, they are gathered fr
 GEMM weights and their gradients fit the chip's resident SRAM share (:data:`RESIDENT_SHARE` of
 every PE's tile SRAM, as the mapping keeps resident weights) keeps them there from the first
 slot to the update and from step to step (the update reads and writes them there and moves
-only the optimizer state through DRAM, :func:`~.sync._update_seconds`), not per pass, and
+only the optimizer state through DRAM, :func:`~.sync._update_seconds`; priced, not built: the
+compiled step's update reads its operands from DRAM), not per pass, and
 its GEMMs are priced at the tiles the mapper chooses for resident weights (no DRAM traffic to
 trade compute against: a slot's few rows take register-block row tiles over every column). Plus the
 TP all-reduces of the activations (two a layer forward, two backward, two more when

@@ -101,21 +101,27 @@ class _Comms:
         ``chain``: in the reproducible mode, the chain alone (a sum whose order is one element
         after another across the ranks, as the loss' sum of exponentials in ascending class
         order: no rank's partial sum exists to send directly)."""
+        return self.chosen(op, groups, nbytes, leaves, chain)[:2]
+
+    def chosen(self, op: str, groups: np.ndarray, nbytes: float, leaves: int = 1,
+               chain: bool = False) -> tuple:
+        """``(seconds, busy seconds, algorithm)`` of :meth:`collective_parts`: its figures and
+        the name of the algorithm they are of (``""`` where nothing is sent)."""
         groups = np.ascontiguousarray(groups, dtype=np.int64)
         if groups.ndim != 2 or groups.shape[1] < 2 or nbytes <= 0:
-            return 0.0, 0.0
+            return 0.0, 0.0, ""
         groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
         n = float(nbytes)
         names = ("chain",) if chain and self.reproducible else self._algorithms(op, groups.shape[0], groups.shape[1])
         if groups.shape[0] == 1:
-            return min(self._at(op, groups, a, n, leaves) for a in names)
+            return min(self._at(op, groups, a, n, leaves) + (a,) for a in names)
         few = groups[:_BOUND_GROUPS] if groups.shape[0] > _BOUND_GROUPS else groups[:1]
         floors = {a: self._at(op, few, a, n, leaves)[0] for a in names}
-        best = (math.inf, math.inf)
+        best = (math.inf, math.inf, "")
         for a in sorted(names, key=lambda a: (floors[a], a)):
             if floors[a] >= best[0]:
                 break
-            best = min(best, self._at(op, groups, a, n, leaves))
+            best = min(best, self._at(op, groups, a, n, leaves) + (a,))
         return best
 
     def _algorithms(self, op: str, g: int, c: int) -> tuple:
@@ -145,7 +151,7 @@ class _Comms:
         one, two = cost(_PROBE_BYTES), cost(2 * _PROBE_BYTES)
         return (two - one) / _PROBE_BYTES, 2 * one - two
 
-    def _window(self, groups: np.ndarray) -> np.ndarray:
+    def _window(self, groups: np.ndarray, limit: "int | None" = None) -> np.ndarray:
         """The groups that lie on the system's first boards, when the rest repeat them.
 
         Chip ids number the boards one after another and a split's layout repeats along them,
@@ -153,18 +159,23 @@ class _Comms:
         pattern that repeats within that span), and for groups on several boards a row of the
         torus of boards more (so a stretch that wraps to the next row is among them), load
         their boards' links as every other stretch of boards is loaded: their concurrent cost
-        is every group's. Where that window is the whole system, all groups are costed."""
+        is every group's. Where that window is the whole system, all groups are costed.
+        ``limit``: the window's chips given (:meth:`window_chips`), for sets costed together."""
+        top = groups.max(axis=1)
+        window = self.window_chips(groups) if limit is None else limit
+        inside = groups[top < window]
+        return inside if inside.size else groups
+
+    def window_chips(self, groups: np.ndarray) -> int:
+        """The chips of :meth:`_window`'s window for ``groups``: the groups below that chip id
+        are costed (every chip's where the window is the whole system)."""
         per_board = self.per_board
         top = groups.max(axis=1)
         span = int((top // per_board - groups.min(axis=1) // per_board).max()) + 1
         # the window also holds a row of the torus of boards and the next board: board ids run
         # along rows, so groups that straddle the end of a row (longer routes) are among it
         boards = 4 * span + (self.row + 1 if span > 1 else 0)
-        if boards >= self.boards:
-            return groups
-        window = boards * per_board
-        inside = groups[top < window]
-        return inside if inside.size else groups
+        return min(boards, self.boards) * per_board
 
     def _lines(self, op: str, groups: np.ndarray, algorithm: str) -> list:
         """One algorithm of ``op`` over ``groups`` as affine costs (class docstring); none where
@@ -290,19 +301,36 @@ class _Comms:
         out.append((max(stream, edges[0]), route, latency))
         return out
 
-    def transfers(self, op: str, algorithm: str, groups: np.ndarray, nbytes: float) -> tuple:
+    def transfers(self, op: str, algorithm: str, groups: np.ndarray, nbytes: float, leaves: int = 1,
+                  window: "int | None" = None) -> tuple:
         """``(src, dst, bytes)``: what collective ``op`` of every group of ``groups`` at once
         sends between each pair of chips over the whole collective, by ``algorithm``: ``"ring"``
-        (:func:`~tvm_spinn.timing.collectives.steps._steps`' ring, its steps' bytes added) or
+        (:func:`~tvm_spinn.timing.collectives.steps._steps`' ring, its steps' bytes added),
         ``"chain"`` (:meth:`_chain`'s transfers: the running sums down each chain, an
         all-reduce's finished segments back up it, a reduce-scatter's shards from the last rank
-        to their owners). The groups costed are :meth:`collective_parts`' (the window)."""
+        to their owners) or ``"direct"`` (:meth:`_lines`' direct: each rank's piece to every
+        other rank, ``leaves`` pieces a reduction, twice for an all-reduce). The groups costed
+        are :meth:`collective_parts`' (the window), or those below chip ``window``.
+
+        Raises
+        ------
+        ValueError
+            For another algorithm (the trees' and multicast's steps are not listed)."""
         from ...timing.collectives.steps import _steps
 
         groups = np.ascontiguousarray(groups, dtype=np.int64)
-        groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups)
+        groups = groups[:_BOUND_GROUPS] if self.alone else self._window(groups, window)
         g, c = groups.shape
         n = float(nbytes)
+        if algorithm == "direct":
+            src, dst = (x.reshape(-1) for x in np.meshgrid(np.arange(c), np.arange(c), indexing="ij"))
+            keep = src != dst
+            offset = (np.arange(g) * c)[:, None]
+            src = groups.reshape(-1)[(offset + src[keep][None, :]).reshape(-1)]
+            dst = groups.reshape(-1)[(offset + dst[keep][None, :]).reshape(-1)]
+            # as :meth:`_at` prices it: a reduction's ``leaves`` pieces, an all-reduce's gather half
+            piece = n / c * {"reduce_scatter": leaves, "all_reduce": leaves + 1}.get(op, 1)
+            return src, dst, np.full(src.size, piece)
         if algorithm == "chain":
             src, dst = groups[:, :-1].reshape(-1), groups[:, 1:].reshape(-1)
             sizes = np.full(src.size, n)
@@ -314,12 +342,33 @@ class _Comms:
                 sizes = np.concatenate([sizes, np.full(g * (c - 1), n / c)])
             return src, dst, sizes
         if algorithm != "ring":
-            raise ValueError(f"transfers: algorithm {algorithm!r} is not 'ring' or 'chain'")
+            raise ValueError(f"transfers: algorithm {algorithm!r} is not 'ring', 'chain' or 'direct'")
         offset = (np.arange(g) * c)[:, None]
         ranks = groups.reshape(-1)
         out = [(ranks[(offset + s[None, :]).reshape(-1)], ranks[(offset + d[None, :]).reshape(-1)],
                 np.tile(size * repeats, g)) for s, d, size, repeats in _steps(op, "ring", c, n)]
         return tuple(np.concatenate(x) for x in zip(*out))
+
+    def slot_busy(self, collectives: list, src: np.ndarray, dst: np.ndarray, sizes) -> "float | None":
+        """Seconds the busiest link (or board edge) takes to carry, at once, the collectives
+        ``(op, groups, bytes, leaves, chain)`` (each by the algorithm :meth:`chosen` prices it
+        by) and the point-to-point transfers ``src[i] -> dst[i]`` of ``sizes``
+        (:meth:`joint_busy`, every set in the widest of their windows); None where a chosen
+        algorithm's transfers are not listed (:meth:`transfers`: the trees', multicast's)."""
+        sets = []
+        for op, groups, nbytes, leaves, chain in collectives:
+            by = self.chosen(op, groups, nbytes, leaves, chain)[2]
+            if by not in ("", "ring", "chain", "direct"):
+                return None
+            if by:
+                sets.append((op, by, np.ascontiguousarray(groups, dtype=np.int64), float(nbytes), leaves))
+        src, dst = np.asarray(src, np.int64).reshape(-1), np.asarray(dst, np.int64).reshape(-1)
+        window = max([self.window_chips(g) for _, _, g, _, _ in sets]
+                     + ([self.window_chips(np.stack([src, dst], axis=1))] if src.size else []), default=0)
+        parts = [self.transfers(op, by, g, n, k, window=window) for op, by, g, n, k in sets]
+        if src.size:
+            parts.append(self.pair_transfers(src, dst, sizes, window))
+        return self.joint_busy(parts)
 
     def joint_busy(self, parts: list) -> float:
         """Seconds the busiest link (or board edge) takes to carry several sets of concurrent
@@ -331,7 +380,14 @@ class _Comms:
         Transfers that run concurrently in a steady pipeline slot (a stage's collectives of one
         slot's forward, another's backward and its hand-overs) load the links together: this is
         their busy time where they meet on few links, against the sum of each set's own busiest
-        link (:meth:`collective_parts`), which counts them as if they met on one."""
+        link (:meth:`collective_parts`), which counts them as if they met on one; it is never
+        above that sum for the same transfers. The sets should be windowed alike
+        (:meth:`transfers` and :meth:`_pairs` with one ``window``).
+
+        The edge-disjoint option puts the bytes of transfers that leave their boards on the
+        board edges alone, as :meth:`_edge_seconds` costs them: their legs on the chip links
+        of the boards they leave and enter are not added (a board edge's rate is below a chip
+        link's, so the edges bind where such bytes dominate)."""
         from ...target.topology import edge_rate
 
         topo = self.topo
@@ -394,12 +450,25 @@ class _Comms:
                          lambda: min(point_to_point(self.topo, src, dst, nbytes).seconds,
                                      self._board_paths(src, dst, float(nbytes))))
 
-    def _pairs(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _pairs(self, src: np.ndarray, dst: np.ndarray, window: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
         """The transfers ``src[i] -> dst[i]`` a costing counts: the bound's first groups
-        alone, else the pipeline window's (:meth:`_window`), as contiguous arrays."""
+        alone, else the pipeline window's (:meth:`_window`; those below chip ``window`` where
+        given), as contiguous arrays."""
         pairs = np.stack([np.ascontiguousarray(src.reshape(-1)), np.ascontiguousarray(dst.reshape(-1))], axis=1)
-        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs)
+        pairs = pairs[:_BOUND_GROUPS] if self.alone else self._window(pairs, window)
         return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
+    def pair_transfers(self, src: np.ndarray, dst: np.ndarray, sizes, window: int) -> tuple:
+        """``(src, dst, bytes)`` of the point-to-point transfers ``src[i] -> dst[i]`` of
+        ``sizes`` a joint costing (:meth:`joint_busy`) counts: the bound's first ones alone,
+        else those below chip ``window`` (all where none is)."""
+        src, dst = np.asarray(src, np.int64).reshape(-1), np.asarray(dst, np.int64).reshape(-1)
+        sizes = np.broadcast_to(np.asarray(sizes, np.float64), src.shape)
+        if self.alone:
+            return src[:_BOUND_GROUPS], dst[:_BOUND_GROUPS], sizes[:_BOUND_GROUPS]
+        keep = np.maximum(src, dst) < window
+        keep = keep if keep.any() else np.ones_like(keep)
+        return src[keep], dst[keep], np.ascontiguousarray(sizes[keep])
 
     def onboard(self, src: np.ndarray, dst: np.ndarray, nbytes: float) -> float:
         """Seconds the busiest *on-board* chip link takes to carry the concurrent transfers

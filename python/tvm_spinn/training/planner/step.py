@@ -134,16 +134,22 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
                                                   np.concatenate([hand_dst, mine, last]), act / tp))
         head_loss, head_loss_busy = comms.collective_parts("all_reduce", head_grid, 3 * F32 * tokens, chain=True)
 
-        def head_joint() -> float:
-            """A steady slot's head transfers on the links at once: the forward's all-gather (a
-            ring), the backward's reduce-scatter and loss sums (chains) and the hand-overs both
-            ways, their busiest link together (:meth:`_Comms.joint_busy`)."""
-            return comms._get(("head_joint", head_grid.shape, head_grid.tobytes(), last.tobytes(), mine.tobytes(),
-                               act, tokens, tp), lambda: comms.joint_busy([
-                comms.transfers("all_gather", "ring", head_grid, act),
-                comms.transfers("reduce_scatter", "chain", head_grid, act),
-                comms.transfers("all_reduce", "chain", head_grid, 3 * F32 * tokens),
-                comms._pairs(np.concatenate([last, mine]), np.concatenate([mine, last])) + (act / tp,)]))
+        def head_joint(rows: tuple) -> "float | None":
+            """A steady slot's head transfers on the links at once: the forward's all-gather,
+            the backward's reduce-scatter and loss sums (by the algorithms they are priced by),
+            the hand-overs both ways and the tied table's ``rows`` ``(src, dst, bytes)`` (or
+            ``()``), their busiest link together (:meth:`_Comms.slot_busy`); None where an
+            algorithm's transfers are not listed (the trees')."""
+            src = np.concatenate([last, mine, *rows[:2]])
+            dst = np.concatenate([mine, last, *rows[1::-1]])
+            sizes = np.concatenate([np.full(2 * last.size, act / tp)]
+                                   + ([np.full(2 * rows[0].size, float(rows[2]))] if rows else []))
+            collectives = [("all_gather", head_grid, act, 1, False),
+                           ("reduce_scatter", head_grid, act, vocab_per(heads), False),
+                           ("all_reduce", head_grid, 3 * F32 * tokens, 1, True)]
+            return comms._get(("head_joint", head_grid.shape, head_grid.tobytes(), src.tobytes(), dst.tobytes(),
+                               sizes.tobytes(), act, tokens, vocab_per(heads)),
+                              lambda: comms.slot_busy(collectives, src, dst, sizes))
         both = (np.concatenate([last, mine]), np.concatenate([mine, last]))
         head_local = comms.on_boards(head_grid)
         head_io_on = comms.onboard(*both, act / tp) if head_local or tp_local else head_io
@@ -284,7 +290,11 @@ def _step_time(spec, split: Split, seq: int, optimizer: str, arch, comms: _Comms
             chain = f_s + tp_f + b_s + tp_b
             # the links: each collective's busiest link and the hand-overs' added, or all of
             # them together where they meet on few links (the head's transfers of a slot run at once)
-            links = min(min(tp_f + tp_b, busy) + min(pp_s, pp_on), head_joint())
+            # (the tied table's rows leave the head's chips in the same slot)
+            rows = (rows_src, rows_dst, slot_rows) if spec.tied_embeddings else ()
+            links = head_joint(rows)
+            if links is None:
+                links = min(tp_f + tp_b, busy) + min(pp_s, pp_on) + min(rows_io, rows_on)
             total = series = max(f_s + b_s, links, pp_s, chain / split.head_lag)
             path = max(total, chain)
         fill, drain_s = series, b_s
