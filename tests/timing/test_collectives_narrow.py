@@ -204,6 +204,24 @@ def test_routes_free_of_the_trees_lighten_the_sixteen_boards(boards24, monkeypat
     grid = _grid(order, [0, 1, 2, 3, 7, 6, 5, 4, 8, 9, 10, 11, 15, 14, 13, 12])
     n = wire_bytes("int8", 8192)
     routed = owner_schedule(topo, grid, n)
+    # the chosen schedule's loads (memoized by the call above): a board's pieces out less its
+    # pieces in are its own pieces less, on an owner, those of its shares, relays forwarding
+    # all they receive; every member receives each share it does not own once
+    members = grid[:, 0] // 48
+    region = C._board_tree_options(graph, members, n / 16)[0]
+    owners = [int(np.flatnonzero(region == o)[0]) for o in routed.owners]
+    sched = N.owner_trees(graph, region, 16, n / 16, n / 16, C._gather_parts(topo, grid[0], float(n)), owners)
+    owned = np.bincount(list(routed.owners), minlength=graph.nodes)
+    inside = np.isin(np.arange(graph.nodes), members).astype(float)
+    out, into = _flows(graph, sched.up)
+    np.testing.assert_allclose(out - into, inside * (16 - owned) - owned * (16 - inside), atol=1e-12)
+    relay = (inside == 0) & (owned == 0)
+    assert relay.any()
+    np.testing.assert_allclose(out[relay], into[relay], atol=1e-12)
+    down_out, down_in = _flows(graph, sched.down)
+    np.testing.assert_allclose(down_in[members], 16 - owned[members], atol=1e-12)
+    # a relay forwards each copy it receives (a multicast tree may fan it out further)
+    assert (down_out[relay] >= down_in[relay] - 1e-12).all() and (down_in <= 16 + 1e-12).all()
     monkeypatch.setattr(N, "_owner_routes", lambda *args, **kwargs: None)
     graph.memo.clear()
     trees = owner_schedule(topo, grid, n)
@@ -249,7 +267,8 @@ def _brute_cheapest(nb, root, g, price, layers):
 def test_cheapest_tree_matches_enumeration_and_beats_the_greedy(boards24, seed):
     """:func:`N._cheapest_tree` under random link prices on a group of three boards and the
     boards around it, two hops deep: a tree (each node one parent, every member reached from
-    the root within the hops), exactly as cheap as the enumeration of every tree, and never
+    the root within the hops), proven by the solver and exactly as cheap as the enumeration of
+    every tree, and never
     dearer than the greedy tree :func:`N._grow_tree` grows."""
     topo, _ = boards24
     graph = topo.board_graph()
@@ -262,7 +281,8 @@ def test_cheapest_tree_matches_enumeration_and_beats_the_greedy(boards24, seed):
     tail = {link: u for u in range(region.size) for _, link in steps[u]}
     head = {link: v for u in range(region.size) for v, link in steps[u]}
     price = {link: float(p) for link, p in zip(links, rng.uniform(0.1, 1.0, len(links)))}
-    tree = N._cheapest_tree(0, 3, region.size, links, tail, head, price, 2)
+    tree, proven = N._cheapest_tree(0, 3, region.size, links, tail, head, price, 2)
+    assert proven
     parents = {head[link]: tail[link] for link in tree}
     assert len(parents) == len(tree) and 0 not in parents
     for m in (1, 2):

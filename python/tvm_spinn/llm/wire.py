@@ -17,8 +17,10 @@ schedule, whose roundings are the same whatever the topology:
    board ``b``: the routers on the way forward the packets and add nothing
    (:func:`tvm_spinn.timing.collectives.board_all_to_all`, one step, each chip its slice to its
    counterpart chip).
-2. **sum, on the owner**: board ``b`` widens the ``g`` narrowed shares (its own included) to
-   fp32, adds them in board order (board 0 first) and narrows the total once.
+2. **sum, on the owner**: share ``b``'s owner (board ``b``, or a board of the schedule's
+   choice, :func:`owner_choices`, a relay that holds no piece among them) widens the ``g``
+   narrowed pieces of share ``b`` (its own included where it is a member) to fp32, adds them
+   in board order (board 0 first) and narrows the total once.
 3. **all-gather, multicast**: each owner multicasts its narrowed share to the group along the
    trees of :func:`tvm_spinn.timing.collectives.board_group_scattered_all_reduce` (its
    all-gather phase alone: copies, no arithmetic, so any tree gives the same bits), the
@@ -224,7 +226,14 @@ def owner_choices(graph, region: np.ndarray, g: int) -> list[tuple[int, ...]]:
     more such central boards than shares, the shares spread evenly over all of them (the
     relaying boards around the group among them, their board edges otherwise only
     forwarding). The bits are the same: an owner adds the pieces in board order wherever it
-    is."""
+    is.
+
+    A relay owner's own movement on its board is priced as a member's: the pieces reach it at
+    its edge chips and meet per element range before the add and the multicast, a gather over
+    its chips that the schedule's ``board`` term (the members' chip-to-chip gather) stands for.
+    The figure assumes a relay owner's chips free to add when the pieces arrive (nothing of
+    their own running then, as at batch 1, one token at a time): it does not price a relay
+    owner's board sharing its chips with other work."""
     from ..timing.collectives.trees import _breadth_first, _local_links
 
     nb = _local_links(graph, region)[1]

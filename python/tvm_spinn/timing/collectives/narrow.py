@@ -296,8 +296,8 @@ _ROUTE_TIE = 1e-12
 
 def _tree_links(tree: dict, region: np.ndarray, member: dict, root: int, g: int) -> tuple:
     """A tree (local node -> the global link into it from its parent, rooted at local node
-    ``root``) as ``(up routes, its links, its deepest member's latency down, hops)``: per member
-    but the root, the global links of its way up to the root."""
+    ``root``) as ``(up routes, its links)``: per member but the root, the global links of its
+    way up to the root; and the tree's global links, sorted."""
     routes = {}
     for m in range(g):
         if m == root:
@@ -325,8 +325,16 @@ def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float,
     directed board edge with both phases' bytes; under its prices (the busy links' duals)
     each member's cheapest route to each owner within the cap (a shortest path over hop
     layers) and each owner's cheap trees (:func:`_grow_tree`, within the cap; once they find
-    nothing, the cheapest, :func:`_cheapest_tree`) join it where they lower the busiest edge,
-    for at most :data:`_ROUTE_ROUNDS` rounds. Returns the weighted loads (pieces up, copies down, in whole
+    nothing, the cheapest, :func:`_cheapest_tree`, proven so where its solver closes within
+    its node limit) join it where they lower the busiest edge, for at most
+    :data:`_ROUTE_ROUNDS` rounds. The result is the least loaded schedule over the routes and
+    trees found, not proven optimal over all of them.
+
+    Assumes every board edge of the region has the same hop latency (as
+    :func:`tvm_spinn.target.topology.board_graph` builds it): the searches keep, per node, the
+    cheapest way of each hop count, so a cap in seconds is a cap in hops; with unequal
+    latencies they still never exceed the cap (each way's latency is checked) but may miss a
+    dearer way within it. Returns the weighted loads (pieces up, copies down, in whole
     shares) with the deepest route's and tree's latencies, or None where the program fails."""
     from scipy.optimize import linprog
     from scipy.sparse import csr_matrix
@@ -439,9 +447,11 @@ def _owner_routes(graph, region: np.ndarray, g: int, piece: float, share: float,
                     trees[(s, tree_links)] = None
                     added += 1
         if not added:
-            # the greedy trees found nothing cheaper: the cheapest trees within the cap, exactly
+            # the greedy trees found nothing cheaper: the cheapest trees within the cap (proven
+            # where the program closes within its node limit; otherwise its best found, so the
+            # search may then stop short of the optimum)
             for s in range(g):
-                tree_links = _cheapest_tree(roots[s], g, size, links, tail, head, down_price, layers)
+                tree_links = _cheapest_tree(roots[s], g, size, links, tail, head, down_price, layers)[0]
                 if tree_links is None or (s, tree_links) in trees or depth(s, tree_links)[0] > cap + tol:
                     continue
                 if sum(down_price[link] for link in tree_links) < dual[len(pairs) + s] - _ROUTE_GAIN:
@@ -475,7 +485,8 @@ def _grow_tree(root: int, g: int, steps: list, tail: dict, head: dict, hop: np.n
     ``price``: grown from the root by the cheapest way from the tree to a member not yet in it
     (a shortest path over hop layers, at most ``layers`` hops from the root and ``cap`` seconds
     of hop latency to every member), until every member is in. Its links, sorted; None where
-    some member is beyond the cap."""
+    some member is beyond the cap. Like :func:`_owner_routes`, assumes one hop latency on
+    every board edge (the cheapest way of each hop count is kept, the cap then a hop count)."""
     depth = {root: (0.0, 0)}  # tree node -> (latency, hops) from the root
     chosen = []
     need = set(range(g)) - {root}
@@ -514,7 +525,12 @@ def _cheapest_tree(root: int, g: int, size: int, links: list, tail: dict, head: 
     ``0 .. g - 1``, every node at most ``layers`` board hops from the root: a mixed-integer
     program (scipy's HiGHS) over the links at each depth, each node entered at most once, a
     link used at depth ``h`` only out of a node entered at depth ``h - 1`` (the root at
-    depth 0), every member entered. Its links, sorted; None where none is found."""
+    depth 0), every member entered (depth in board hops: a latency cap is a hop count only
+    where every board edge has the same hop latency, the caller checking the tree's latency),
+    solved to a zero optimality gap within a limit of
+    branch-and-bound nodes (planning time). ``(its links sorted, proven)``: ``proven`` where
+    the solver proved the tree the cheapest, otherwise it is the cheapest it found within the
+    limit; ``(None, False)`` where it found none."""
     from scipy.optimize import LinearConstraint, milp
     from scipy.sparse import lil_matrix
 
@@ -544,10 +560,10 @@ def _cheapest_tree(root: int, g: int, size: int, links: list, tail: dict, head: 
         low.append(-np.inf)
     res = milp(np.array([price[link] for link, _ in arcs]), integrality=np.ones(n),
                bounds=(np.zeros(n), np.ones(n)), constraints=LinearConstraint(a.tocsr(), low, high),
-               options={"node_limit": 200})
+               options={"node_limit": 200, "mip_rel_gap": 0.0})
     if res.x is None:
-        return None
-    return tuple(sorted(arcs[j][0] for j in np.flatnonzero(res.x > 0.5)))
+        return None, False
+    return tuple(sorted(arcs[j][0] for j in np.flatnonzero(res.x > 0.5))), res.status == 0
 
 
 def owner_floor(graph, members, piece: float, share: float, owners=None) -> tuple[float, float]:
