@@ -74,11 +74,12 @@ def _captured():
                       (on_chip, streamed, reduce_s, out, seen["shed"]))
         return out
 
-    def shed_of(stage, saved):
-        # the seconds each piece sheds onto the all-reduces' delivery (the last call before the
-        # stage's ahead_gains: the form's)
-        seen["shed"] = saved
-        return shed(stage, saved)
+    def shed_of(stage, *args):
+        # the seconds each piece of the stage sheds onto the all-reduces' delivery (the last call
+        # before the stage's ahead_gains: the form's, on its stage with the weights on chip)
+        out = shed(stage, *args)
+        seen["shed"] = tuple(a - b for a, b in zip(stage.program_s, out.program_s)) if out is not stage else None
+        return out
 
     def mac_high_tiles(*args, **kwargs):
         inside.append(True)

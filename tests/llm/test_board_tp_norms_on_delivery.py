@@ -4,6 +4,7 @@ chain its norm's tiles are charged, and the delivery pays it back per part."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,9 +25,26 @@ def _board():
     return arch_of("spinn").replace(chips=48)
 
 
-def _mapped(pieces, tiles: int):
-    """A stand-in for the slice mapped resident: every piece's layers ``tiles`` tiles each."""
-    return SimpleNamespace(program_layers=tuple(tuple(SimpleNamespace(tiles=tiles) for _ in p.layers) for p in pieces))
+def _mapped(pieces, tiles: int, pes: int = 152):
+    """A stand-in for the slice mapped resident: every piece's layers ``tiles`` tiles each, on
+    ``pes`` PEs."""
+    return SimpleNamespace(program_layers=tuple(tuple(SimpleNamespace(tiles=tiles, pes=pes) for _ in p.layers)
+                                                for p in pieces))
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """A stand-in for a stage timed per piece."""
+
+    latency_s: float
+    program_s: tuple
+    program_streamed: tuple
+    program_layers: tuple
+
+
+def _stage(pieces, tiles: int, each_s: float = 1e-3, streamed: int = 0):
+    layers = _mapped(pieces, tiles).program_layers
+    return _Timed(each_s * len(pieces), (each_s,) * len(pieces), (streamed,) * len(pieces), layers)
 
 
 def _fused(cfg):
@@ -63,6 +81,48 @@ def test_a_row_not_cut_into_whole_chunks_a_part_sheds_nothing(tiles):
     pieces, ends, adds = _fused(LLAMA)
     assert board_tp.norms_on_delivery(pieces, ends, [layer for _, layer in adds], _mapped(pieces, tiles),
                                       _board()) is None
+
+
+def test_chunks_beyond_a_chips_pes_shed_nothing():
+    """More chunks than PEs: a PE runs several chunks one after another, not the one chunk a
+    part the delivery is charged for."""
+    pieces, ends, adds = _fused(LLAMA)
+    adds = [layer for _, layer in adds]
+    assert board_tp.norms_on_delivery(pieces, ends, adds, _mapped(pieces, 16, pes=16), _board()) is not None
+    assert board_tp.norms_on_delivery(pieces, ends, adds, _mapped(pieces, 16, pes=15), _board()) is None
+
+
+def test_each_stage_sheds_its_own_norms_and_only_on_the_deliverys_tiles():
+    board = _board()
+    pieces, ends, adds = _fused(LLAMA)
+    adds = [layer for _, layer in adds]
+    delivery = _mapped(pieces, 16)
+    same, other = _stage(pieces, 16), _stage(pieces, 32)
+    own, _ = board_tp.norms_on_delivery(pieces, ends, adds, same, board)
+    got = board_tp._shed(same, (adds, delivery), pieces, ends, board)
+    assert got.program_s == tuple(s - d for s, d in zip(same.program_s, own))
+    assert got.latency_s == pytest.approx(same.latency_s - sum(own), rel=1e-12)
+    # a stage whose norms are tiled otherwise than the delivery is charged for keeps them
+    assert board_tp._shed(other, (adds, delivery), pieces, ends, board) is other
+    assert board_tp._shed(same, None, pieces, ends, board) is same
+
+
+def test_a_streamed_piece_keeps_its_dram_reads():
+    """A piece shorter by its norm is never shorter than reading its streamed bytes."""
+    board = _board()
+    pieces, ends, adds = _fused(LLAMA)
+    adds = [layer for _, layer in adds]
+    own, _ = board_tp.norms_on_delivery(pieces, ends, adds, _stage(pieces, 16), board)
+    each = 3 * max(own)
+    floor = each - max(own) / 2
+    stage = _stage(pieces, 16, each_s=each, streamed=int(np.ceil(floor * board.dram_bw_bytes_s)))
+    got = board_tp._shed(stage, (adds, _mapped(pieces, 16)), pieces, ends, board)
+    reads = stage.program_streamed[0] / board.dram_bw_bytes_s
+    for k, (s, d) in enumerate(zip(got.program_s, own)):
+        assert s == (max(each - d, reads) if d else each)
+        assert s >= reads
+    assert any(d and s == reads for s, d in zip(got.program_s, own))
+    assert got.latency_s == pytest.approx(stage.latency_s - sum(stage.program_s) + sum(got.program_s), rel=1e-12)
 
 
 def test_a_block_without_rms_norms_sheds_nothing():

@@ -762,8 +762,8 @@ def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit
     ``mapped``: the slice mapped resident (the resident blocks keep the mapper's tiles); the
     other arguments as :func:`records` has them for the slice's form (``ends``, ``handoffs``:
     :func:`slice_pieces`, :func:`handoff_gathers`; ``fit``: blocks kept resident without a
-    buffer; ``shed``: what each piece sheds onto the all-reduces' delivery,
-    :func:`norms_on_delivery`). Returns ``[(block variants, resident, streamed, on chip, "r")]``
+    buffer; ``shed``: the delivery's adds and the mapping its norms are charged for,
+    :func:`_shed`). Returns ``[(block variants, resident, streamed, on chip, "r")]``
     (:func:`_block_variants`), or ``[]`` where fetching ahead saves nothing with these tiles.
 
     The mapper ranks each piece's tilings and shard plans alone. A piece's register-block row
@@ -788,7 +788,7 @@ def _mac_high(P, mapped, pieces, ends, board, host_shapes, slots: int, memo, fit
         resident = _at_most(resident, streamed)
         on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if ends is not None else 0.0, map_alone,
                            streamed, handoffs)
-        resident, streamed, on_chip = (_shed(st, shed) for st in (resident, streamed, on_chip))
+        resident, streamed, on_chip = (_shed(st, shed, pieces, ends, board) for st in (resident, streamed, on_chip))
     gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces, ends,
                                  max(0.0, budget - resident.resident_bytes) / cpb)
     saved = float(sum(gains))
@@ -1036,7 +1036,8 @@ def norms_on_delivery(pieces, ends, adds, mapped, board, chunks: int = FUSED_CHU
     piece's tiles): each chunk's PE sums its blocks' squares, then the block sums travel along
     the chunks in the row's order (the chain), and the last chunk sends ``1 / sqrt`` back for
     the second pass. The all-reduce delivers the row in ``chunks`` consecutive parts, each
-    holding whole chunks of the norm (the norm's chunks must divide among the parts). Each
+    holding whole chunks of the norm (the norm's chunks must divide among the parts, and be no
+    more than the PEs its mapping runs it on: one chunk a PE). Each
     chunk's PE adds its own columns of the part to the residual as the part arrives (the add's
     job of :func:`fused_add_s` on the norm's tiles instead of an equal share of the row over all
     the PEs), sums their squares block by block, and passes the chain on once the chunk before
@@ -1064,7 +1065,9 @@ def norms_on_delivery(pieces, ends, adds, mapped, board, chunks: int = FUSED_CHU
             continue
         shape = tuple(int(d) for d in piece.tensors[first.inputs[0]].shape)
         row, tiles = shape[-1], int(layers[0].tiles)
-        if int(np.prod(shape[:-1], dtype=np.int64)) != 1 or tiles < 2 * chunks or tiles % chunks or row % tiles:
+        # one chunk a PE: a chip's PEs run a part's chunks side by side, as the delivery is charged
+        if int(np.prod(shape[:-1], dtype=np.int64)) != 1 or tiles < 2 * chunks or tiles % chunks or row % tiles \
+                or tiles > int(layers[0].pes):
             continue
         cols = row // tiles
         first_pass, chain, hop = split_norm_sums(first, row, cols, board)
@@ -1077,16 +1080,38 @@ def norms_on_delivery(pieces, ends, adds, mapped, board, chunks: int = FUSED_CHU
     return tuple(saved), consume
 
 
-def _shed(stage, saved):
-    """``stage`` with piece ``k`` ``saved[k]`` seconds the shorter (work moved onto an
-    all-reduce's delivery, :func:`norms_on_delivery`: its bounds unchanged, the work still
-    done); ``stage`` itself where nothing is saved or the stage is not timed per piece."""
+def _norm_tiles(stage, k: int):
+    """The tiles of the first layer of ``stage``'s piece ``k`` (None where it has no layers)."""
+    layers = stage.program_layers[k] if k < len(stage.program_layers) else ()
+    return int(layers[0].tiles) if layers else None
+
+
+def _shed(stage, shed, pieces, ends, board):
+    """``stage`` with each piece the shorter by what its own norm sheds onto an all-reduce's
+    delivery (:func:`norms_on_delivery` on ``stage``'s own tiles: its bounds unchanged, the work
+    still done). ``shed``: None, or ``(adds, mapped)``, the add layers on the delivery and the
+    mapping whose norm tiles the delivery is charged for; a piece whose norm ``stage`` tiles
+    otherwise keeps its norm. A piece never drops below its own DRAM reads
+    (``program_streamed``, at ``board.dram_bw_bytes_s``). ``stage`` itself where nothing is
+    shed or the stage is not timed per piece."""
     import dataclasses
 
-    if saved is None or not any(saved) or len(stage.program_s) != len(saved):
+    if shed is None or len(stage.program_s) != len(pieces):
         return stage
-    return dataclasses.replace(stage, latency_s=stage.latency_s - sum(saved),
-                               program_s=tuple(s - d for s, d in zip(stage.program_s, saved)))
+    adds, mapped = shed
+    own = norms_on_delivery(pieces, ends, adds, stage, board)
+    if own is None:
+        return stage
+    streamed = stage.program_streamed if len(stage.program_streamed) == len(pieces) else (0,) * len(pieces)
+    times = []
+    for k, (s, d) in enumerate(zip(stage.program_s, own[0])):
+        if d and _norm_tiles(stage, k) != _norm_tiles(mapped, k):
+            d = 0.0
+        times.append(max(s - d, min(s, streamed[k] / board.dram_bw_bytes_s)))
+    if times == list(stage.program_s):
+        return stage
+    return dataclasses.replace(stage, latency_s=stage.latency_s - (sum(stage.program_s) - sum(times)),
+                               program_s=tuple(times))
 
 
 @dataclass(frozen=True)
@@ -1515,13 +1540,13 @@ def records(cfg: dict, spec, arch, target, dtype: str, batch: int, seq: int, han
                 if norms is not None:
                     with_norms = delivered_of(groups, max(consume, norms[1]))
                     if reduces_per_block * (with_norms - reduce_s) < sum(norms[0]):
-                        shed, reduce_s = norms[0], with_norms
+                        shed, reduce_s = ([layer for _, layer in taken[0]], mapped), with_norms
             # the streamed blocks' weights fetched partly while the DRAM channels are idle: a buffer
             # per chip out of the SRAM the resident blocks would take (one fewer may stay resident)
             on_chip = _on_chip(resident, pieces, ends, hidden * 4, cpb, scatter_s if fused else 0.0,
                                lambda piece: P._map_stage([piece], board, host_shapes, spec.cache_slots(seq), memo=memo,
                                                           keep_outputs=True), streamed, handoffs)
-            resident, streamed, on_chip = (_shed(st, shed) for st in (resident, streamed, on_chip))
+            resident, streamed, on_chip = (_shed(st, shed, pieces, ends, board) for st in (resident, streamed, on_chip))
             # (the buffer leaves a board's resident share the SRAM the first block holds as mapped
             # alone: that block stays, whatever the buffer)
             gains, buffer = _ahead_gains(on_chip, streamed, reduce_s, board.dram_bw_bytes_s, reduces_per_block, ends,
