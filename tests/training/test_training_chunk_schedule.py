@@ -163,9 +163,10 @@ def _gpt2_small_24_boards():
 
 
 def test_the_planned_pipeline_as_a_timeline():
-    """GPT-2 small's 24-board plan: its passes as independent slots give the planner's pipeline
-    term within 0.5% (the term's rule on the same passes); in the chunk order the bits fix the
-    pipeline takes longer, and one W pass a micro-batch gives some of it back."""
+    """GPT-2 small's 24-board plan: its passes as independent slots take no longer than the
+    planner's pipeline term and at least 94% of it (the term's rule on the same passes; a head
+    stage lagging behind the blocks maps onto its passes less tightly); in the chunk order the
+    bits fix the pipeline takes longer, and one W pass a micro-batch gives some of it back."""
     from tvm_spinn.training.planner.timeline import pipeline_timeline
 
     spec, split, step, arch, comms = _gpt2_small_24_boards()
@@ -174,7 +175,7 @@ def test_the_planned_pipeline_as_a_timeline():
         assert f + b + w == pytest.approx(max(s for *_, s in step.stages_s[:-1]))
     assert step.passes_s[-1][2] == 0.0  # the head's slot is its links': nothing to defer
     t = pipeline_timeline(spec, split, step, 256, arch, comms)
-    assert t["slots"] == pytest.approx(step.pipeline_s, rel=5e-3)
+    assert 0.94 * step.pipeline_s <= t["slots"] <= step.pipeline_s * (1 + 1e-9)
     assert t["ordered"] > 1.1 * t["slots"]
     assert t["slots"] < t["joint"] < t["ordered"]
 
